@@ -1,0 +1,30 @@
+"""Same-instant order of the simulation, and SimPy events that respect it.
+
+Several things can happen at one simulated instant. The model fixes their order, as Dynamo's
+replay does: pass completions, then transfer completions, then arrivals and admissions, then
+telemetry, and only then do idle workers start their next pass, so a request that arrives at
+the very instant a pass ends joins the next pass. SimPy orders events by (time, priority,
+insertion); these helpers schedule an event in a given phase.
+"""
+
+from __future__ import annotations
+
+import simpy
+from simpy.events import Event
+
+PASS_END = -2
+TRANSFER_END = -1
+# SimPy uses 0 (URGENT) to start processes and 1 (NORMAL) for timeouts and succeed():
+# arrivals and everything they trigger happen in the NORMAL phase.
+ARRIVAL = 1
+TELEMETRY = 2
+PASS_START = 3
+
+
+def at(env: simpy.Environment, delay_ms: float, phase: int) -> Event:
+    """An event that fires `delay_ms` from now, in `phase` among same-instant events."""
+    ev = Event(env)
+    ev._ok = True
+    ev._value = None
+    env.schedule(ev, phase, delay_ms)
+    return ev

@@ -1,0 +1,1 @@
+"""Cluster shapes: workers, routers and the links between them, built from the topology."""

@@ -1,0 +1,80 @@
+"""An aggregated cluster: N identical workers that each prefill and decode their own requests,
+behind one router. Dispatch stamps the arrival and routes; completion and rejection end the
+request in the recorder and wake whoever waits on it."""
+
+from __future__ import annotations
+
+from array import array
+
+import numpy as np
+import simpy
+
+from model.config.derived import num_gpu_blocks
+from model.config.schema import RunConfig
+from model.engine.vllm import VllmScheduler
+from model.engine.worker import Worker
+from model.kv.block_pool import BlockPool
+from model.metrics.recorder import COMPLETED, REJECTED, Recorder
+from model.router import build_router
+from model.timing import build_step_time
+from model.workload.hashing import BlockHasher
+from model.workload.request import Request, Status
+
+
+class AggregatedCluster:
+    def __init__(
+        self,
+        env: simpy.Environment,
+        cfg: RunConfig,
+        hasher: BlockHasher,
+        recorder: Recorder,
+        router_rng: np.random.Generator,
+    ) -> None:
+        self.env = env
+        self.recorder = recorder
+        self.n_in_flight = 0
+        self.n_dispatched = 0
+        blocks = num_gpu_blocks(cfg)
+        step_time = build_step_time(cfg)
+        self.workers: list[Worker] = []
+        for w in range(cfg.topology.num_workers):
+            pool = BlockPool(blocks, cfg.engine.enable_prefix_caching, cfg.output.kv_events)
+            sched = VllmScheduler(cfg.engine, pool, hasher, self._admitted, self._rejected)
+            self.workers.append(Worker(env, w, sched, step_time, recorder, self._completed))
+        self.router = build_router(cfg.router, len(self.workers), router_rng)
+
+    def dispatch(self, req: Request) -> None:
+        """A request arrives now: stamp it and hand it to the worker the router picks."""
+        req.arrival_ms = self.env.now
+        req.token_times_ms = array("d")
+        self.n_in_flight += 1
+        self.n_dispatched += 1
+        self.workers[self.router.route(req)].submit(req)
+
+    def _admitted(self, req: Request, reused_tokens: int) -> None:
+        if req.n_admissions == 1:
+            req.first_admit_ms = self.env.now
+            req.first_admission_reused_tokens = reused_tokens
+        if reused_tokens > req.reused_input_tokens:
+            req.reused_input_tokens = reused_tokens
+
+    def _end(self, req: Request, status: str, reason: str = "") -> None:
+        req.status = Status.DONE
+        self.n_in_flight -= 1
+        self.recorder.request_terminal(req, status, self.env.now, reason)
+        if req.done is not None:
+            req.done.succeed()
+
+    def _completed(self, req: Request) -> None:
+        self._end(req, COMPLETED)
+
+    def _rejected(self, req: Request, reason: str) -> None:
+        self._end(req, REJECTED, reason)
+
+    def in_flight(self) -> list[Request]:
+        """Requests dispatched but not ended, worker by worker (running, then waiting)."""
+        out: list[Request] = []
+        for w in self.workers:
+            out.extend(w.scheduler.running)
+            out.extend(w.scheduler.waiting)
+        return out

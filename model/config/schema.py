@@ -1,0 +1,300 @@
+"""The validated run configuration: one frozen pydantic tree per Hydra group.
+
+Hydra composes YAML; `RunConfig.model_validate(...)` validates it once. Every model is frozen
+and rejects unknown keys, so a typo in an override fails with the config path that holds it.
+Derived sizes (KV bytes per token, GPU blocks from HBM) live in `model.config.derived` and are
+never written back here.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNegFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class Schema(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+# --------------------------------------------------------------------------- llm / hardware
+
+
+class LlmConfig(Schema):
+    """Model geometry: enough to size weights, KV per token and FLOPs per token."""
+
+    name: str
+    num_layers: int = Field(gt=0)
+    hidden_size: int = Field(gt=0)
+    num_attention_heads: int = Field(gt=0)
+    num_kv_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    intermediate_size: int = Field(gt=0)
+    vocab_size: int = Field(gt=0)
+    num_params_b: PositiveFloat = Field(description="parameter count in billions")
+    dtype: Literal["bfloat16", "float16", "float32", "fp8", "int8"] = "bfloat16"
+    kv_dtype: Literal["auto", "bfloat16", "float16", "float32", "fp8", "int8"] = "auto"
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> LlmConfig:
+        if self.num_attention_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_kv_heads ({self.num_kv_heads})"
+            )
+        return self
+
+
+class HardwareConfig(Schema):
+    """One GPU: memory size and bandwidth, dense tensor throughput, links."""
+
+    name: str
+    hbm_gb: PositiveFloat
+    hbm_bandwidth_tbps: PositiveFloat
+    bf16_tflops: PositiveFloat = Field(description="dense (no sparsity) BF16 tensor TFLOP/s")
+    fp8_tflops: PositiveFloat = Field(description="dense (no sparsity) FP8 tensor TFLOP/s")
+    nvlink_gbps: PositiveFloat = Field(description="per-GPU NVLink bandwidth, GB/s")
+    host_link_gbps: PositiveFloat = Field(description="GPU <-> host (PCIe) bandwidth, GB/s")
+
+
+# --------------------------------------------------------------------------- engine
+
+
+class VllmEngineConfig(Schema):
+    """vLLM v1-style continuous batching (the Dynamo mocker's `vllm` backend)."""
+
+    kind: Literal["vllm"] = "vllm"
+    block_size: int = Field(64, ge=2)
+    num_gpu_blocks: int | None = Field(
+        16384, gt=0, description="KV blocks per worker; null derives it from HBM"
+    )
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    activation_reserve_gb: NonNegFloat = Field(
+        2.0, description="HBM kept for activations and runtime when num_gpu_blocks is derived"
+    )
+    tp_size: int = Field(1, ge=1)
+    max_num_seqs: int = Field(256, gt=0)
+    max_num_batched_tokens: int = Field(8192, gt=0)
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    max_model_len: int | None = Field(None, gt=0)
+    speedup_ratio: NonNegFloat = 1.0
+    decode_speedup_ratio: NonNegFloat = 1.0
+    preemption_mode: Literal["lifo", "fifo"] = "lifo"
+
+
+EngineConfig = VllmEngineConfig
+
+
+# --------------------------------------------------------------------------- timing
+
+
+class PolynomialTiming(Schema):
+    """Dynamo mocker default: prefill quadratic in new tokens, decode quadratic in KV use."""
+
+    kind: Literal["polynomial"] = "polynomial"
+    prefill_a: float = 4.209989e-7
+    prefill_b: float = 1.518344e-2
+    prefill_c: float = 16.50142
+    decode_a: float = -25.74
+    decode_b: float = 54.01
+    decode_c: float = 5.74
+    decode_floor_ms: NonNegFloat = 1.0
+
+
+class FixedTiming(Schema):
+    """A constant cost for any pass with prefill work and for any pass with decode work."""
+
+    kind: Literal["fixed"] = "fixed"
+    prefill_ms: NonNegFloat = 50.0
+    decode_ms: NonNegFloat = 10.0
+
+
+class InterpolatedTiming(Schema):
+    """Measured points: prefill ms vs new tokens (1-D), decode ms vs (active KV, context) (2-D).
+
+    Points come inline or from `path` (a .json or .npz holding the mocker's array names:
+    prefill_isl, prefill_ttft_ms, decode_active_kv_tokens, decode_context_length, decode_itl).
+    """
+
+    kind: Literal["interpolated"] = "interpolated"
+    path: str | None = None
+    prefill_isl: list[float] | None = None
+    prefill_ttft_ms: list[float] | None = None
+    decode_active_kv_tokens: list[float] | None = None
+    decode_context_length: list[float] | None = None
+    decode_itl: list[float] | None = Field(
+        None, description="decode ms at each (active_kv_tokens, context_length) point"
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> InterpolatedTiming:
+        inline = [
+            self.prefill_isl,
+            self.prefill_ttft_ms,
+            self.decode_active_kv_tokens,
+            self.decode_context_length,
+            self.decode_itl,
+        ]
+        if self.path is None and any(v is None for v in inline):
+            raise ValueError("interpolated timing needs `path` or all five inline point arrays")
+        if self.path is not None and any(v is not None for v in inline):
+            raise ValueError("interpolated timing takes `path` or inline arrays, not both")
+        return self
+
+
+class RooflineTiming(Schema):
+    """Prefill compute-bound, decode memory-bound, from llm x hardware (see docs/timing.md)."""
+
+    kind: Literal["roofline"] = "roofline"
+    compute_efficiency: float = Field(0.6, gt=0, le=1, description="achieved / peak FLOP/s")
+    memory_efficiency: float = Field(0.8, gt=0, le=1, description="achieved / peak HBM B/s")
+    prefill_overhead_ms: NonNegFloat = 3.0
+    decode_overhead_ms: NonNegFloat = 2.0
+
+
+TimingConfig = Annotated[
+    PolynomialTiming | FixedTiming | InterpolatedTiming | RooflineTiming,
+    Field(discriminator="kind"),
+]
+
+
+# --------------------------------------------------------------------------- topology / router
+
+
+class AggregatedTopology(Schema):
+    """N identical workers, each prefilling and decoding its own requests."""
+
+    kind: Literal["aggregated"] = "aggregated"
+    num_workers: int = Field(1, gt=0)
+
+
+TopologyConfig = AggregatedTopology
+
+
+class RoundRobinRouter(Schema):
+    kind: Literal["round_robin"] = "round_robin"
+
+
+class RandomRouter(Schema):
+    kind: Literal["random"] = "random"
+
+
+RouterConfig = Annotated[RoundRobinRouter | RandomRouter, Field(discriminator="kind")]
+
+
+# --------------------------------------------------------------------------- workload and load
+
+
+class TraceLoad(Schema):
+    """Arrivals at trace timestamps, normalised to the first arrival, sped up by a ratio."""
+
+    kind: Literal["trace"] = "trace"
+    arrival_speedup_ratio: PositiveFloat = 1.0
+
+
+class ConcurrencyLoad(Schema):
+    """Closed loop: at most `concurrency` requests (or sessions) in flight; arrival = dispatch."""
+
+    kind: Literal["concurrency"] = "concurrency"
+    concurrency: int = Field(gt=0)
+
+
+class RateLoad(Schema):
+    """First turns re-stamped by a Poisson or constant process at `rate_rps` requests/s."""
+
+    kind: Literal["rate"] = "rate"
+    rate_rps: PositiveFloat
+    process: Literal["poisson", "constant"] = "poisson"
+
+
+LoadConfig = Annotated[TraceLoad | ConcurrencyLoad | RateLoad, Field(discriminator="kind")]
+
+
+class MooncakeWorkload(Schema):
+    """Mooncake JSONL: timestamp ms, input/output lengths, hash_ids per trace block."""
+
+    kind: Literal["mooncake"] = "mooncake"
+    path: str
+    trace_block_size: int = Field(512, gt=0)
+    skip_malformed: bool = False
+    max_requests: int | None = Field(None, gt=0, description="read only the first N rows")
+    load: LoadConfig = TraceLoad()
+
+
+class AzureWorkload(Schema):
+    """Azure LLM inference CSV (TIMESTAMP, ContextTokens, GeneratedTokens); no prefix data."""
+
+    kind: Literal["azure"] = "azure"
+    path: str
+    skip_malformed: bool = False
+    max_requests: int | None = Field(None, gt=0)
+    load: LoadConfig = TraceLoad()
+
+
+class LengthDistribution(Schema):
+    """Token-length distribution; `constant` uses mean only, the others clip to [min, max]."""
+
+    dist: Literal["constant", "uniform", "normal", "lognormal", "exponential"] = "constant"
+    mean: PositiveFloat
+    std: NonNegFloat = 0.0
+    min: int = Field(1, ge=0)
+    max: int | None = Field(None, gt=0)
+
+
+class SyntheticWorkload(Schema):
+    """Generated requests: sessions of turns, shared prefixes by group, seeded lengths."""
+
+    kind: Literal["synthetic"] = "synthetic"
+    num_sessions: int = Field(gt=0)
+    turns_per_session: int = Field(1, gt=0)
+    inter_turn_delay_ms: NonNegFloat = 0.0
+    input_tokens: LengthDistribution
+    output_tokens: LengthDistribution
+    shared_prefix_ratio: float = Field(0.0, ge=0, le=1)
+    num_prefix_groups: int = Field(0, ge=0)
+    trace_block_size: int = Field(64, gt=0)
+    load: LoadConfig = RateLoad(rate_rps=10.0)
+
+
+WorkloadConfig = Annotated[
+    MooncakeWorkload | AzureWorkload | SyntheticWorkload, Field(discriminator="kind")
+]
+
+
+# --------------------------------------------------------------------------- run
+
+
+class StopConfig(Schema):
+    max_virtual_time_ms: PositiveFloat | None = Field(
+        None, description="soft cut-off: requests still in flight end `incomplete`"
+    )
+
+
+class OutputConfig(Schema):
+    tables: bool = Field(True, description="write requests/passes/kv tables to the run dir")
+    format: Literal["parquet", "csv"] = "parquet"
+    per_request_jsonl: bool = Field(
+        False, description="also write requests.jsonl with the mocker's per-request field names"
+    )
+    per_token: bool = Field(False, description="keep every token's time per request")
+    kv_events: bool = Field(False, description="record KV events (stored/removed) as a table")
+    progress: Literal["auto", "on", "off"] = Field(
+        "auto", description="progress bar over requests; auto = only on a terminal"
+    )
+
+
+class RunConfig(Schema):
+    seed: int = 0
+    llm: LlmConfig
+    hardware: HardwareConfig
+    engine: EngineConfig
+    timing: TimingConfig = PolynomialTiming()
+    topology: TopologyConfig = AggregatedTopology()
+    router: RouterConfig = RoundRobinRouter()
+    workload: WorkloadConfig
+    stop: StopConfig = StopConfig()
+    output: OutputConfig = OutputConfig()

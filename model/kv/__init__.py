@@ -1,0 +1,1 @@
+"""KV cache: block pools with prefix caching and eviction, and KV events."""

@@ -1,0 +1,1 @@
+"""Metrics: the recorder fed by the model, tables built at the end, the Dynamo-style summary."""

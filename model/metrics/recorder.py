@@ -1,0 +1,161 @@
+"""The one sink the model writes to: append-only tuples, turned into tables once at the end.
+
+The hot path only appends (a tuple per terminal request, per pass, per KV level change); no
+pandas is touched until `model.metrics.tables` builds the frames.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+
+from model.workload.request import Request
+
+REQUEST_COLUMNS = (
+    "request_id",
+    "session_id",
+    "turn_index",
+    "arrival_ms",
+    "first_admit_ms",
+    "first_token_ms",
+    "last_token_ms",
+    "terminal_ms",
+    "ttft_ms",
+    "ttst_ms",
+    "itl_ms",
+    "e2e_latency_ms",
+    "input_length",
+    "requested_output_length",
+    "output_length",
+    "reused_input_tokens",
+    "first_admission_reused_input_tokens",
+    "prefill_worker_idx",
+    "decode_worker_idx",
+    "n_preemptions",
+    "terminal_status",
+    "reason",
+)
+PASS_COLUMNS = (
+    "worker",
+    "dp_rank",
+    "start_ms",
+    "end_ms",
+    "prefill_tokens",
+    "prefill_seqs",
+    "decode_seqs",
+    "kv_used_blocks",
+    "preemptions",
+)
+KV_COLUMNS = ("t_ms", "pool", "tier", "used_blocks", "cached_blocks")
+KV_EVENT_COLUMNS = ("t_ms", "worker", "dp_rank", "event_id", "kind", "tier", "block_hash")
+
+COMPLETED = "completed"
+REJECTED = "rejected"
+INCOMPLETE = "incomplete"
+NAN = float("nan")
+
+
+class Recorder:
+    def __init__(self, per_token: bool = False) -> None:
+        self.per_token = per_token
+        self.requests: list[tuple] = []
+        self.passes: list[tuple] = []
+        self.kv: list[tuple] = []
+        self.kv_events: list[tuple] = []
+        self.itl_gaps_ms = array("d")  # every inter-token gap of every completed request
+        self.token_times: dict[str, array] = {}
+        self.n_skipped_rows = 0
+        self._n_kv_events = 0
+
+    # ------------------------------------------------------------------ requests
+
+    def request_terminal(self, req: Request, status: str, now_ms: float, reason: str = "") -> None:
+        req.terminal_status = status
+        req.reason = reason
+        req.terminal_ms = now_ms
+        n = req.num_output_tokens
+        first = req.first_token_ms
+        ttft = first - req.arrival_ms if n else NAN
+        ttst = req.second_token_ms - first if n >= 2 else NAN
+        tpot = (req.last_token_ms - first) / (n - 1) if n >= 2 else NAN
+        e2e = req.last_token_ms - req.arrival_ms if n else NAN
+        times = req.token_times_ms
+        if status == COMPLETED and times is not None and len(times) >= 2:
+            prev = times[0]
+            gaps = self.itl_gaps_ms
+            for t in times[1:]:
+                gaps.append(t - prev)
+                prev = t
+        if self.per_token and times is not None:
+            self.token_times[req.request_id] = times
+        req.token_times_ms = None
+        worker = req.worker_idx if req.worker_idx >= 0 else None
+        self.requests.append(
+            (
+                req.request_id,
+                req.session_id,
+                req.turn_index,
+                req.arrival_ms,
+                req.first_admit_ms,
+                first,
+                req.last_token_ms,
+                now_ms,
+                ttft,
+                ttst,
+                tpot,
+                e2e,
+                req.input_length,
+                req.output_length,
+                n,
+                req.reused_input_tokens,
+                req.first_admission_reused_tokens,
+                worker,
+                worker,
+                req.n_preemptions,
+                status,
+                reason,
+            )
+        )
+
+    # ------------------------------------------------------------------ engine
+
+    def pass_done(
+        self,
+        worker: int,
+        dp_rank: int,
+        start_ms: float,
+        end_ms: float,
+        prefill_tokens: int,
+        prefill_seqs: int,
+        decode_seqs: int,
+        kv_used_blocks: int,
+        preemptions: int,
+    ) -> None:
+        self.passes.append(
+            (
+                worker,
+                dp_rank,
+                start_ms,
+                end_ms,
+                prefill_tokens,
+                prefill_seqs,
+                decode_seqs,
+                kv_used_blocks,
+                preemptions,
+            )
+        )
+
+    def kv_level(self, t_ms: float, pool: str, tier: str, used: int, cached: int) -> None:
+        self.kv.append((t_ms, pool, tier, used, cached))
+
+    def kv_event(
+        self, t_ms: float, worker: int, dp_rank: int, kind: str, tier: str, block_hash: int
+    ) -> None:
+        self.kv_events.append(
+            (t_ms, worker, dp_rank, self._n_kv_events, kind, tier, block_hash)
+        )
+        self._n_kv_events += 1
+
+
+def finite_or_none(x: float) -> float | None:
+    return None if x is None or math.isnan(x) else x

@@ -1,0 +1,112 @@
+"""The run summary with Dynamo's key names and definitions (see docs/metrics.md).
+
+* TTFT = first token - arrival; TTST = second - first token; TPOT (one sample per request with
+  >= 2 tokens) = (last - first token) / (tokens - 1); ITL = every inter-token gap of every
+  completed request, pooled; E2E = last token - arrival. Only completed requests count.
+* Percentiles are nearest-rank with rounding: sorted[round((n - 1) p / 100)]; std is the
+  population std.
+* duration_ms = the latest terminal time; throughputs divide completed work by it.
+* prefix_cache_reused_ratio = sum of reused input tokens / sum of input tokens (completed
+  requests; per request the largest reuse over its admissions).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from model.metrics.recorder import COMPLETED, INCOMPLETE, REJECTED
+
+STAT_KEYS = ("mean", "min", "max", "median", "p75", "p90", "p95", "p99", "std")
+PERCENTILES = {"median": 50, "p75": 75, "p90": 90, "p95": 95, "p99": 99}
+
+
+def nearest_rank(sorted_values: np.ndarray, p: float) -> float:
+    """Value at rank round((n - 1) p / 100), rounding halves up (Dynamo's percentile)."""
+    n = len(sorted_values)
+    rank = math.floor((n - 1) * p / 100 + 0.5)
+    return float(sorted_values[min(rank, n - 1)])
+
+
+def distribution(values: Sequence[float] | np.ndarray, name: str, unit: str = "_ms") -> dict:
+    """mean/min/max/median/p75/p90/p95/p99/std of `values` as `{stat}_{name}{unit}` keys."""
+    x = np.sort(np.asarray(values, dtype=float))
+    if len(x) == 0:
+        return {f"{s}_{name}{unit}": None for s in STAT_KEYS}
+    out = {
+        f"mean_{name}{unit}": float(x.mean()),
+        f"min_{name}{unit}": float(x[0]),
+        f"max_{name}{unit}": float(x[-1]),
+    }
+    for key, p in PERCENTILES.items():
+        out[f"{key}_{name}{unit}"] = nearest_rank(x, p)
+    out[f"std_{name}{unit}"] = float(x.std())
+    return out
+
+
+def summarize(
+    requests: pd.DataFrame,
+    itl_gaps_ms: np.ndarray,
+    *,
+    num_workers: int,
+    gpus_per_worker: int,
+    wall_time_ms: float,
+) -> dict[str, Any]:
+    arrived = requests[requests["arrival_ms"].notna()]
+    done = requests[requests["terminal_status"] == COMPLETED]
+    ended = requests[requests["terminal_status"].isin([COMPLETED, REJECTED])]
+    duration_ms = float(ended["terminal_ms"].max()) if len(ended) else 0.0
+    duration_s = max(duration_ms / 1000.0, 1e-9)
+    total_in = int(done["input_length"].sum())
+    total_out = int(done["output_length"].sum())
+    reused = int(done["reused_input_tokens"].sum())
+    first_reused = int(done["first_admission_reused_input_tokens"].sum())
+    wall_s = max(wall_time_ms / 1000.0, 1e-9)
+    worker_seconds = num_workers * duration_s
+    counts = requests["terminal_status"].value_counts()
+
+    ttft = done["ttft_ms"].dropna().to_numpy()
+    ttst = done["ttst_ms"].dropna().to_numpy()
+    tpot = done["itl_ms"].dropna().to_numpy()
+    e2e = done["e2e_latency_ms"].dropna().to_numpy()
+    gaps = np.asarray(itl_gaps_ms, dtype=float)
+    positive = gaps[gaps > 0]
+
+    summary: dict[str, Any] = {
+        "num_requests": int(len(arrived)),
+        "completed_requests": int(len(done)),
+        "rejected_requests": int(counts.get(REJECTED, 0)),
+        "incomplete_requests": int(counts.get(INCOMPLETE, 0)),
+        "total_input_tokens": total_in,
+        "total_output_tokens": total_out,
+        "committed_prefill_tokens": total_in - reused,
+        "duration_ms": duration_ms,
+        "wall_time_ms": wall_time_ms,
+        "request_throughput_rps": len(done) / duration_s,
+        "input_throughput_tok_s": total_in / duration_s,
+        "output_throughput_tok_s": total_out / duration_s,
+        "total_throughput_tok_s": (total_in + total_out) / duration_s,
+        "prefill_worker_seconds": 0.0,
+        "decode_worker_seconds": worker_seconds,
+        "prefill_gpus_per_worker": 0,
+        "decode_gpus_per_worker": gpus_per_worker,
+        "gpu_hours": worker_seconds * gpus_per_worker / 3600.0,
+        "processed_tokens": total_in + total_out,
+        "processed_tokens_per_s": (total_in + total_out) / wall_s,
+        "processed_output_tokens_per_s": total_out / wall_s,
+        "prefix_cache_reused_ratio": reused / total_in if total_in else 0.0,
+        "first_admission_prefix_cache_reused_ratio": first_reused / total_in if total_in else 0.0,
+        "num_ttft_samples": int(len(ttft)),
+        "num_tpot_samples": int(len(tpot)),
+        "num_e2e_latency_samples": int(len(e2e)),
+    }
+    for name, values in (("ttft", ttft), ("ttst", ttst), ("tpot", tpot), ("itl", gaps)):
+        summary.update(distribution(values, name))
+    summary.update(distribution(e2e, "e2e_latency"))
+    summary["max_itl_ms"] = float(gaps.max()) if len(gaps) else None
+    summary.update(distribution(1000.0 / positive, "output_token_throughput_per_user", unit=""))
+    return summary

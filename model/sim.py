@@ -1,0 +1,234 @@
+"""`simulate(RunConfig) -> Result`: build the world, run it, collect the tables.
+
+Three fixed phases: build (workload, workers, router, drivers), run (SimPy until the last request
+ends or the stop time), collect (tables and summary, built once). No Hydra here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import simpy
+
+from model.cluster.aggregated import AggregatedCluster
+from model.config.derived import kv_bytes_per_token, num_gpu_blocks
+from model.config.schema import ConcurrencyLoad, RunConfig
+from model.metrics.recorder import INCOMPLETE, Recorder
+from model.metrics.summary import summarize
+from model.metrics.tables import (
+    kv_events_table,
+    kv_table,
+    passes_table,
+    requests_table,
+    time_weighted_mean,
+)
+from model.workload.build import build_workload
+from model.workload.drivers import closed_loop, open_loop
+from model.workload.hashing import BlockHasher
+
+STREAMS = ("arrivals", "lengths", "prefix_groups", "router")
+
+
+def random_streams(seed: int) -> dict[str, np.random.Generator]:
+    """One independent generator per named stream, all spawned from the run's seed."""
+    children = np.random.SeedSequence(seed).spawn(len(STREAMS))
+    return {name: np.random.default_rng(s) for name, s in zip(STREAMS, children, strict=True)}
+
+
+@dataclass
+class Result:
+    """Tables and summary of one run."""
+
+    config: RunConfig
+    summary: dict[str, Any]
+    requests: pd.DataFrame
+    passes: pd.DataFrame
+    kv: pd.DataFrame
+    kv_events: pd.DataFrame
+    token_times: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def write(self, out_dir: str | Path) -> Path:
+        """Write summary.json and the tables (Parquet, or CSV if configured) to `out_dir`."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "summary.json").write_text(json.dumps(self.summary, indent=2, default=str) + "\n")
+        output = self.config.output
+        if output.tables:
+            tables = {"requests": self.requests, "passes": self.passes, "kv": self.kv}
+            if len(self.kv_events):
+                tables["kv_events"] = self.kv_events
+            for name, df in tables.items():
+                if output.format == "csv":
+                    df.to_csv(out / f"{name}.csv", index=False)
+                else:
+                    df.to_parquet(out / f"{name}.parquet", index=False)
+        if output.per_request_jsonl:
+            write_requests_jsonl(self.requests, out / "requests.jsonl")
+        return out
+
+
+def write_requests_jsonl(requests: pd.DataFrame, path: Path) -> None:
+    """One JSON object per ended request, with the mocker's per-request field names."""
+    ended = requests[requests["terminal_status"] != INCOMPLETE]
+    ended = ended.sort_values(["arrival_ms", "request_id"], kind="stable")
+    with path.open("w") as fh:
+        for row in ended.itertuples(index=False):
+            r = row._asdict()
+            rec = {
+                "request_id": r["request_id"],
+                "session_id": r["session_id"],
+                "turn_index": r["turn_index"],
+                "arrival_time_ms": r["arrival_ms"],
+                "first_admit_ms": r["first_admit_ms"],
+                "terminal_time_ms": r["terminal_ms"],
+                "first_token_ms": r["first_token_ms"],
+                "last_token_ms": r["last_token_ms"],
+                "ttft_ms": r["ttft_ms"],
+                "ttst_ms": r["ttst_ms"],
+                "e2e_latency_ms": r["e2e_latency_ms"],
+                "itl_ms": r["itl_ms"],
+                "input_length": r["input_length"],
+                "requested_output_length": r["requested_output_length"],
+                "output_length": r["output_length"],
+                "reused_input_tokens": r["reused_input_tokens"],
+                "prefill_worker_idx": r["prefill_worker_idx"],
+                "decode_worker_idx": r["decode_worker_idx"],
+                "terminal_status": r["terminal_status"],
+            }
+            fh.write(json.dumps({k: _jsonable(v) for k, v in rec.items()}) + "\n")
+
+
+def _jsonable(v: Any) -> Any:
+    if v is None or v is pd.NA:
+        return None
+    if isinstance(v, float) and math.isnan(v):
+        return None
+    if isinstance(v, np.integer):
+        return int(v)
+    if isinstance(v, np.floating):
+        return float(v)
+    return v
+
+
+def _versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for pkg in ("servesim", "simpy", "numpy", "pandas", "pydantic", "hydra-core"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = "not installed"
+    return out
+
+
+def _run(env: simpy.Environment, cluster: AggregatedCluster, total: int, cfg: RunConfig) -> None:
+    until = cfg.stop.max_virtual_time_ms
+    show = cfg.output.progress == "on" or (cfg.output.progress == "auto" and sys.stderr.isatty())
+    if not show:
+        if until is None:
+            env.run()
+        else:
+            env.run(until=until)
+            while env.peek() == until:  # the cut-off is soft: events at exactly it still happen
+                env.step()
+        return
+    from tqdm import tqdm
+
+    step_ms = 1000.0
+    with tqdm(total=total, unit="req", desc="servesim", leave=False) as bar:
+        ended = 0
+        while env.peek() != math.inf:
+            target = env.now + step_ms
+            if until is not None and target >= until:
+                env.run(until=until)
+                while env.peek() == until:
+                    env.step()
+                break
+            env.run(until=target)
+            now_ended = cluster.n_dispatched - cluster.n_in_flight
+            bar.update(now_ended - ended)
+            ended = now_ended
+            bar.set_postfix_str(f"t={env.now / 1000:.0f}s")
+
+
+def simulate(cfg: RunConfig) -> Result:
+    """Run one configuration and return its tables. Deterministic for a given config and seed."""
+    wall_start = time.perf_counter()
+    streams = random_streams(cfg.seed)
+    hasher = BlockHasher(cfg.engine.block_size)
+    workload = build_workload(cfg.workload, hasher, streams)
+
+    env = simpy.Environment()
+    recorder = Recorder(per_token=cfg.output.per_token)
+    cluster = AggregatedCluster(env, cfg, hasher, recorder, streams["router"])
+    load = cfg.workload.load
+    if isinstance(load, ConcurrencyLoad):
+        closed_loop(env, workload.sessions, cluster.dispatch, load.concurrency)
+    else:
+        env.process(open_loop(env, workload.sessions, cluster.dispatch))
+    _run(env, cluster, workload.num_requests, cfg)
+
+    # whatever has not ended was cut off by the stop time
+    stopped_at = env.now
+    for req in cluster.in_flight():
+        recorder.request_terminal(req, INCOMPLETE, stopped_at, "in flight at max_virtual_time_ms")
+    for session in workload.sessions:
+        for req in session:
+            if req.terminal_status == "":
+                recorder.request_terminal(
+                    req, INCOMPLETE, stopped_at, "not arrived by max_virtual_time_ms"
+                )
+
+    requests = requests_table(recorder)
+    passes = passes_table(recorder)
+    kv = kv_table(recorder)
+    wall_ms = (time.perf_counter() - wall_start) * 1000.0
+    summary = summarize(
+        requests,
+        np.frombuffer(recorder.itl_gaps_ms, dtype=float),
+        num_workers=cfg.topology.num_workers,
+        gpus_per_worker=cfg.engine.tp_size,
+        wall_time_ms=wall_ms,
+    )
+    summary["n_preemptions"] = int(passes["preemptions"].sum()) if len(passes) else 0
+    summary["n_passes"] = int(len(passes))
+    summary["skipped_trace_rows"] = workload.skipped.count
+    if workload.skipped.count:
+        summary["skipped_trace_row_examples"] = workload.skipped.examples
+    if len(kv):
+        used = time_weighted_mean(kv, "used_blocks", summary["duration_ms"])
+        blocks = num_gpu_blocks(cfg)
+        summary["mean_kv_used_ratio"] = float(used.mean() / blocks)
+    summary["terminal_status_counts"] = {
+        k: int(v) for k, v in requests["terminal_status"].value_counts().sort_index().items()
+    }
+    summary["metadata"] = {
+        "seed": cfg.seed,
+        "llm": cfg.llm.name,
+        "hardware": cfg.hardware.name,
+        "engine": cfg.engine.kind,
+        "timing": cfg.timing.kind,
+        "topology": cfg.topology.kind,
+        "num_workers": cfg.topology.num_workers,
+        "router": cfg.router.kind,
+        "workload": cfg.workload.kind,
+        "load": cfg.workload.load.kind,
+        "num_gpu_blocks": num_gpu_blocks(cfg),
+        "kv_bytes_per_token": kv_bytes_per_token(cfg.llm),
+        "kv_eviction_policy": "lru",
+        "versions": _versions(),
+        "config": cfg.model_dump(mode="json"),
+    }
+    token_times = {k: np.frombuffer(v, dtype=float) for k, v in recorder.token_times.items()}
+    return Result(
+        cfg, summary, requests, passes, kv, kv_events_table(recorder), token_times
+    )

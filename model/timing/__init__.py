@@ -1,0 +1,36 @@
+"""Step-time models: how long one engine pass takes, from its prefill and decode shape."""
+
+from __future__ import annotations
+
+from model.config.schema import (
+    FixedTiming,
+    InterpolatedTiming,
+    PolynomialTiming,
+    RooflineTiming,
+    RunConfig,
+)
+from model.timing.base import Scaled, StepTime
+from model.timing.fixed import Fixed
+from model.timing.interpolated import Interpolated
+from model.timing.polynomial import Polynomial
+from model.timing.roofline import Roofline
+
+
+def build_step_time(cfg: RunConfig) -> StepTime:
+    """The configured timing model, scaled by the engine's speedup ratios."""
+    t = cfg.timing
+    inner: StepTime
+    if isinstance(t, PolynomialTiming):
+        inner = Polynomial(t)
+    elif isinstance(t, FixedTiming):
+        inner = Fixed(t)
+    elif isinstance(t, InterpolatedTiming):
+        inner = Interpolated(t)
+    elif isinstance(t, RooflineTiming):
+        inner = Roofline(t, cfg.llm, cfg.hardware, cfg.engine.tp_size)
+    else:  # pragma: no cover - the schema admits no other kind
+        raise TypeError(f"unknown timing kind {t!r}")
+    return Scaled(inner, cfg.engine.speedup_ratio, cfg.engine.decode_speedup_ratio)
+
+
+__all__ = ["StepTime", "build_step_time"]

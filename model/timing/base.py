@@ -1,0 +1,49 @@
+"""What a step-time model answers: how long the prefill and decode parts of one pass take.
+
+A pass's prefill part is summarised as Dynamo's mocker does: `n` prefill items with integer mean
+`mean_isl` (cached or computed prefix plus this chunk) and integer mean `mean_prefix`. The decode
+part is the number of decoding sequences, their KV tokens (the sum of their sequence lengths,
+a shared prefix counted once per sequence, as the mocker does), the pool's total KV tokens and
+the mean sequence length. All results are milliseconds; zero work costs zero.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class StepTime(Protocol):
+    def prefill_ms(self, n: int, mean_isl: int, mean_prefix: int) -> float: ...
+
+    def decode_ms(
+        self, batch: int, active_kv_tokens: int, total_kv_tokens: int, mean_context: int
+    ) -> float: ...
+
+
+def new_tokens(n: int, mean_isl: int, mean_prefix: int) -> int:
+    """New (uncached) tokens of a prefill summary, as the mocker reconstructs them."""
+    return n * (mean_isl - mean_prefix)
+
+
+class Scaled:
+    """Divides prefill by `speedup_ratio` and decode by `speedup_ratio x decode_speedup_ratio`.
+
+    A ratio <= 0 leaves that time unscaled, as in the mocker.
+    """
+
+    def __init__(self, inner: StepTime, speedup_ratio: float, decode_speedup_ratio: float) -> None:
+        self.inner = inner
+        self.prefill_div = speedup_ratio if speedup_ratio > 0 else 1.0
+        decode = speedup_ratio * decode_speedup_ratio
+        self.decode_div = decode if decode > 0 else 1.0
+
+    def prefill_ms(self, n: int, mean_isl: int, mean_prefix: int) -> float:
+        return self.inner.prefill_ms(n, mean_isl, mean_prefix) / self.prefill_div
+
+    def decode_ms(
+        self, batch: int, active_kv_tokens: int, total_kv_tokens: int, mean_context: int
+    ) -> float:
+        return (
+            self.inner.decode_ms(batch, active_kv_tokens, total_kv_tokens, mean_context)
+            / self.decode_div
+        )

@@ -1,0 +1,33 @@
+"""Dynamo mocker's default step time: prefill quadratic in new tokens, decode in KV utilisation.
+
+    t_prefill(T) = a T^2 + b T + c          (T = new tokens in the pass; T = 0 costs 0)
+    t_decode(u)  = max(floor, a' u^2 + b' u + c'),  u = min(1, active_kv_tokens / total_kv_tokens)
+
+Decode time does not depend on the batch size; that is the mocker's (uncalibrated) model.
+"""
+
+from __future__ import annotations
+
+from model.config.schema import PolynomialTiming
+from model.timing.base import new_tokens
+
+
+class Polynomial:
+    def __init__(self, cfg: PolynomialTiming) -> None:
+        self.cfg = cfg
+
+    def prefill_ms(self, n: int, mean_isl: int, mean_prefix: int) -> float:
+        t = new_tokens(n, mean_isl, mean_prefix)
+        if t <= 0:
+            return 0.0
+        c = self.cfg
+        return c.prefill_a * t * t + c.prefill_b * t + c.prefill_c
+
+    def decode_ms(
+        self, batch: int, active_kv_tokens: int, total_kv_tokens: int, mean_context: int
+    ) -> float:
+        if batch <= 0:
+            return 0.0
+        u = min(1.0, active_kv_tokens / total_kv_tokens) if total_kv_tokens > 0 else 1.0
+        c = self.cfg
+        return max(c.decode_floor_ms, c.decode_a * u * u + c.decode_b * u + c.decode_c)

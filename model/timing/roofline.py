@@ -1,0 +1,67 @@
+"""Roofline step time from model geometry x GPU: prefill compute-bound, decode memory-bound.
+
+Each part of a pass costs the larger of its compute time and its memory time, plus a fixed
+overhead, across `tp_size` GPUs (formula and factors in docs/timing.md):
+
+    flops   = 2 P_active T + 4 L H d sum_i t_i (p_i + t_i / 2)     (GEMMs + causal attention)
+    bytes   = W + kv_bytes_per_token x (tokens read from KV cache)
+    t_comp  = flops / (tp x peak_flops x compute_efficiency)
+    t_mem   = bytes / (tp x hbm_bandwidth x memory_efficiency)
+    t_comm  = 2 L (tp - 1)/tp x tokens x hidden x 2 B / nvlink      (tensor-parallel all-reduce)
+    t       = max(t_comp, t_mem) + t_comm + overhead
+
+P_active excludes the embedding table (a lookup, not a GEMM); the LM head is counted.
+"""
+
+from __future__ import annotations
+
+from model.config.derived import DTYPE_BYTES, kv_bytes_per_token, weight_bytes
+from model.config.schema import HardwareConfig, LlmConfig, RooflineTiming
+from model.timing.base import new_tokens
+
+
+class Roofline:
+    def __init__(
+        self, cfg: RooflineTiming, llm: LlmConfig, hw: HardwareConfig, tp_size: int
+    ) -> None:
+        self.cfg = cfg
+        self.tp = tp_size
+        peak_tflops = hw.fp8_tflops if llm.dtype in ("fp8", "int8") else hw.bf16_tflops
+        self.flops_per_ms = tp_size * peak_tflops * 1e12 * cfg.compute_efficiency / 1e3
+        self.bytes_per_ms = tp_size * hw.hbm_bandwidth_tbps * 1e12 * cfg.memory_efficiency / 1e3
+        self.weight_bytes = weight_bytes(llm)
+        gemm_params = llm.num_params_b * 1e9 - llm.vocab_size * llm.hidden_size
+        self.gemm_flops_per_token = 2.0 * gemm_params
+        # 2 matmuls (QK^T, PV) x 2 flops per MAC, over every layer's query heads
+        self.attn_flops_per_pair = 4.0 * llm.num_layers * llm.num_attention_heads * llm.head_dim
+        self.kv_bytes_per_token = kv_bytes_per_token(llm)
+        act_bytes = DTYPE_BYTES["bfloat16"]
+        if tp_size > 1:
+            per_token = 2 * llm.num_layers * (tp_size - 1) / tp_size * llm.hidden_size * act_bytes
+            self.comm_ms_per_token = per_token / (hw.nvlink_gbps * 1e9 / 1e3)
+        else:
+            self.comm_ms_per_token = 0.0
+
+    def _part_ms(self, flops: float, bytes_: float, tokens: int, overhead_ms: float) -> float:
+        t = max(flops / self.flops_per_ms, bytes_ / self.bytes_per_ms)
+        return t + self.comm_ms_per_token * tokens + overhead_ms
+
+    def prefill_ms(self, n: int, mean_isl: int, mean_prefix: int) -> float:
+        t = new_tokens(n, mean_isl, mean_prefix)
+        if t <= 0:
+            return 0.0
+        chunk = t / n
+        flops = self.gemm_flops_per_token * t + self.attn_flops_per_pair * t * (
+            mean_prefix + chunk / 2
+        )
+        bytes_ = self.weight_bytes + self.kv_bytes_per_token * n * mean_isl
+        return self._part_ms(flops, bytes_, t, self.cfg.prefill_overhead_ms)
+
+    def decode_ms(
+        self, batch: int, active_kv_tokens: int, total_kv_tokens: int, mean_context: int
+    ) -> float:
+        if batch <= 0:
+            return 0.0
+        flops = batch * (self.gemm_flops_per_token + self.attn_flops_per_pair * mean_context)
+        bytes_ = self.weight_bytes + self.kv_bytes_per_token * batch * mean_context
+        return self._part_ms(flops, bytes_, batch, self.cfg.decode_overhead_ms)

@@ -1,0 +1,1 @@
+"""Workloads: trace readers, synthetic generators, request hashing and arrival drivers."""

@@ -1,0 +1,100 @@
+"""Azure LLM inference traces (Splitwise, 2023): CSV of TIMESTAMP, ContextTokens, GeneratedTokens.
+
+Timestamps are absolute wall-clock strings with up to 7 fractional digits
+(`2023-11-16 18:15:46.6805900`); they become milliseconds after the first row. The file has no
+prefix information, so every prompt's content is unique (no prefix-cache hits). The reader
+streams rows and names the file and line of any problem.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+from model.workload.errors import TraceError
+from model.workload.mooncake import SkipCounter, TraceRow
+
+COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+
+
+def parse_timestamp_ms(text: str) -> float:
+    """Milliseconds since the epoch (UTC-naive) of `YYYY-MM-DD HH:MM:SS[.fffffff]`."""
+    whole, _, frac = text.strip().partition(".")
+    base = datetime.strptime(whole, "%Y-%m-%d %H:%M:%S")
+    if frac and not frac.isdigit():
+        raise ValueError(f"bad fractional seconds {frac!r}")
+    seconds = float(f"0.{frac}") if frac else 0.0
+    return (base - datetime(1970, 1, 1)).total_seconds() * 1000.0 + seconds * 1000.0
+
+
+def _count(value: str, what: str, where: str, minimum: int) -> int:
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        raise TraceError(f"{where}: {what} must be an integer, got {value!r}") from None
+    if n < minimum:
+        raise TraceError(f"{where}: {what} must be >= {minimum}, got {n}")
+    return n
+
+
+def read_azure(
+    path: str | Path,
+    skip_malformed: bool = False,
+    skipped: SkipCounter | None = None,
+    max_requests: int | None = None,
+) -> Iterator[TraceRow]:
+    """Stream rows as TraceRow (no hash ids; timestamps relative to the first row)."""
+    path = Path(path)
+    if not path.is_file():
+        raise TraceError(f"failed to open trace file {path}")
+    skipped = skipped if skipped is not None else SkipCounter()
+    n_rows = 0
+    t0: float | None = None
+    last = -math.inf
+    with path.open(encoding="utf-8-sig", newline="") as fh:
+        reader = csv.reader(fh)
+        header = next(reader, None)
+        if header is None:
+            raise TraceError(f"trace file {path} did not contain any requests")
+        header = [h.strip() for h in header]
+        if tuple(header[:3]) != COLUMNS:
+            raise TraceError(f"{path}:1: expected header {','.join(COLUMNS)}, got {header}")
+        for fields in reader:
+            line = reader.line_num
+            if not fields or not any(f.strip() for f in fields):
+                continue
+            where = f"{path}:{line}"
+            try:
+                if len(fields) < 3:
+                    raise TraceError(f"{where}: expected 3 fields, got {len(fields)}")
+                try:
+                    ts = parse_timestamp_ms(fields[0])
+                except ValueError:
+                    raise TraceError(
+                        f"{where}: TIMESTAMP must look like 2023-11-16 18:15:46.6805900, "
+                        f"got {fields[0]!r}"
+                    ) from None
+                if ts < last:
+                    raise TraceError(
+                        f"{where}: TIMESTAMP {fields[0]} is earlier than the previous row's; "
+                        "arrivals must be in time order"
+                    )
+                inp = _count(fields[1], "ContextTokens", where, 1)
+                out = _count(fields[2], "GeneratedTokens", where, 0)
+            except TraceError as e:
+                if not skip_malformed:
+                    raise
+                skipped.add(str(e))
+                continue
+            last = ts
+            if t0 is None:
+                t0 = ts
+            yield TraceRow(line, ts - t0, inp, out, [])
+            n_rows += 1
+            if max_requests is not None and n_rows >= max_requests:
+                break
+    if n_rows == 0:
+        raise TraceError(f"trace file {path} did not contain any requests")

@@ -1,0 +1,151 @@
+"""From a workload config to sessions of requests with engine-block hashes and arrival plans.
+
+A session is a list of requests replayed in order: its first turn arrives at a planned time (or
+when a concurrency slot frees), each later turn after its predecessor completes plus its delay.
+Rows without a session id are single-request sessions. First-turn times are normalised so the
+first arrival is at 0 and divided by `arrival_speedup_ratio` (trace load) or replaced by a
+Poisson/constant process (rate load).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from model.config.schema import (
+    AzureWorkload,
+    MooncakeWorkload,
+    RateLoad,
+    SyntheticWorkload,
+    TraceLoad,
+    WorkloadConfig,
+)
+from model.workload.azure import read_azure
+from model.workload.errors import TraceError
+from model.workload.hashing import BlockHasher
+from model.workload.mooncake import SkipCounter, TraceRow, read_mooncake
+from model.workload.request import Request
+from model.workload.synthetic import generate
+
+Session = list[Request]
+
+
+@dataclass
+class Workload:
+    sessions: list[Session]
+    skipped: SkipCounter = field(default_factory=SkipCounter)
+
+    @property
+    def num_requests(self) -> int:
+        return sum(len(s) for s in self.sessions)
+
+
+def _rows(
+    cfg: WorkloadConfig, skipped: SkipCounter, streams: dict[str, np.random.Generator]
+) -> tuple[Iterable[TraceRow], int | None]:
+    """The rows of the source and their trace block size (None: no prefix content)."""
+    if isinstance(cfg, MooncakeWorkload):
+        rows = read_mooncake(
+            cfg.path, cfg.trace_block_size, cfg.skip_malformed, skipped, cfg.max_requests
+        )
+        return rows, cfg.trace_block_size
+    if isinstance(cfg, AzureWorkload):
+        return read_azure(cfg.path, cfg.skip_malformed, skipped, cfg.max_requests), None
+    if isinstance(cfg, SyntheticWorkload):
+        return generate(cfg, streams["lengths"], streams["prefix_groups"]), cfg.trace_block_size
+    raise TypeError(f"unknown workload kind {cfg!r}")  # pragma: no cover
+
+
+def build_workload(
+    cfg: WorkloadConfig, hasher: BlockHasher, streams: dict[str, np.random.Generator]
+) -> Workload:
+    skipped = SkipCounter()
+    rows, tbs = _rows(cfg, skipped, streams)
+    sessions: list[Session] = []
+    by_id: dict[str, Session] = {}
+    prev_ts: dict[str, float | None] = {}
+    source = getattr(cfg, "path", "synthetic workload")
+    idx = 0
+    for row in rows:
+        if tbs is None:
+            prompt = hasher.unique_blocks(row.input_length // hasher.block_size)
+        else:
+            prompt = hasher.prompt_hashes(row.hash_ids, row.input_length, tbs)
+        sid = row.session_id
+        session = by_id.get(sid) if sid is not None else None
+        if session is None:
+            delay = 0.0
+            turn = 0
+        else:
+            turn = len(session)
+            delay = _follow_up_delay(row, prev_ts[sid], f"{source}:{row.line}")  # type: ignore[index]
+        req = Request(
+            idx=idx,
+            request_id=row.request_id if row.request_id is not None else str(row.line),
+            input_length=row.input_length,
+            output_length=row.output_length,
+            prompt_hashes=prompt,
+            planned_arrival_ms=row.timestamp_ms if session is None else None,
+            session_id=sid,
+            turn_index=turn,
+            delay_ms=delay,
+        )
+        idx += 1
+        if session is None:
+            session = [req]
+            sessions.append(session)
+            if sid is not None:
+                by_id[sid] = session
+        else:
+            session.append(req)
+        if sid is not None:
+            prev_ts[sid] = row.timestamp_ms if row.timestamp_ms is not None else prev_ts.get(sid)
+    workload = Workload(sessions, skipped)
+    _plan_arrivals(workload, cfg, streams["arrivals"])
+    return workload
+
+
+def _follow_up_delay(row: TraceRow, prev_ts: float | None, where: str) -> float:
+    if row.delay_ms is not None:
+        return row.delay_ms
+    if row.timestamp_ms is None:
+        return 0.0
+    if prev_ts is None:
+        raise TraceError(
+            f"{where}: trace line {row.line} for session {row.session_id} cannot infer delay "
+            "without a previous timestamp"
+        )
+    delay = row.timestamp_ms - prev_ts
+    if delay < 0:
+        raise TraceError(f"{where}: trace line {row.line} has invalid delay {delay}")
+    return delay
+
+
+def _plan_arrivals(
+    workload: Workload, cfg: WorkloadConfig, rng: np.random.Generator
+) -> None:
+    firsts = [s[0] for s in workload.sessions]
+    load = cfg.load
+    if isinstance(load, TraceLoad):
+        t0 = firsts[0].planned_arrival_ms or 0.0
+        ratio = load.arrival_speedup_ratio
+        for r in firsts:
+            r.planned_arrival_ms = ((r.planned_arrival_ms or 0.0) - t0) / ratio
+        if ratio != 1.0:
+            for s in workload.sessions:
+                for r in s[1:]:
+                    r.delay_ms /= ratio
+    elif isinstance(load, RateLoad):
+        gap_ms = 1000.0 / load.rate_rps
+        if load.process == "constant":
+            times = np.arange(len(firsts)) * gap_ms
+        else:
+            gaps = rng.exponential(gap_ms, size=len(firsts))
+            times = np.concatenate(([0.0], np.cumsum(gaps[:-1])))
+        for r, t in zip(firsts, times, strict=True):
+            r.planned_arrival_ms = float(t)
+    else:  # concurrency: arrival is stamped at dispatch
+        for r in firsts:
+            r.planned_arrival_ms = None

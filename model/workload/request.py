@@ -1,0 +1,118 @@
+"""A request: what the trace says it asks for, plus its mutable lifecycle on a worker.
+
+Requests are data plus events, never processes: the worker that owns a request advances its
+counters once per pass, and closed-loop drivers wait on its `done` event.
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import simpy
+
+
+class Status:
+    PENDING = 0  # created, not yet dispatched
+    WAITING = 1  # queued on a worker
+    RUNNING = 2
+    DONE = 3
+
+
+class Request:
+    """One LLM call. Times are simulated milliseconds."""
+
+    __slots__ = (
+        # identity and the trace's ask
+        "idx",
+        "request_id",
+        "session_id",
+        "turn_index",
+        "input_length",
+        "output_length",
+        "prompt_hashes",
+        "planned_arrival_ms",
+        "delay_ms",
+        # scheduler state
+        "status",
+        "worker_idx",
+        "num_computed_tokens",
+        "num_output_tokens",
+        "held_hashes",
+        "held_private_blocks",
+        "output_hashes",
+        "prefilling",
+        "n_preemptions",
+        "n_admissions",
+        # record
+        "arrival_ms",
+        "first_admit_ms",
+        "first_token_ms",
+        "second_token_ms",
+        "last_token_ms",
+        "terminal_ms",
+        "token_times_ms",
+        "reused_input_tokens",
+        "first_admission_reused_tokens",
+        "terminal_status",
+        "reason",
+        "done",
+    )
+
+    def __init__(
+        self,
+        idx: int,
+        request_id: str,
+        input_length: int,
+        output_length: int,
+        prompt_hashes: list[int],
+        planned_arrival_ms: float | None = None,
+        session_id: str | None = None,
+        turn_index: int = 0,
+        delay_ms: float = 0.0,
+    ) -> None:
+        self.idx = idx
+        self.request_id = request_id
+        self.session_id = session_id
+        self.turn_index = turn_index
+        self.input_length = input_length
+        self.output_length = output_length
+        self.prompt_hashes = prompt_hashes
+        self.planned_arrival_ms = planned_arrival_ms
+        self.delay_ms = delay_ms
+
+        self.status = Status.PENDING
+        self.worker_idx = -1
+        self.num_computed_tokens = 0
+        self.num_output_tokens = 0
+        self.held_hashes: list[int] = []
+        self.held_private_blocks = 0
+        self.output_hashes: list[int] = []
+        self.prefilling = True
+        self.n_preemptions = 0
+        self.n_admissions = 0
+
+        self.arrival_ms = float("nan")
+        self.first_admit_ms = float("nan")
+        self.first_token_ms = float("nan")
+        self.second_token_ms = float("nan")
+        self.last_token_ms = float("nan")
+        self.terminal_ms = float("nan")
+        self.token_times_ms: array[float] | None = None
+        self.reused_input_tokens = 0
+        self.first_admission_reused_tokens = 0
+        self.terminal_status = ""
+        self.reason = ""
+        self.done: simpy.Event | None = None
+
+    @property
+    def seq_len(self) -> int:
+        """Tokens whose values are known: the prompt plus every token emitted so far."""
+        return self.input_length + self.num_output_tokens
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, in={self.input_length}, out={self.output_length}, "
+            f"computed={self.num_computed_tokens}, emitted={self.num_output_tokens})"
+        )
