@@ -165,12 +165,12 @@ def simulate(cfg: RunConfig) -> Result:
     wall_start = time.perf_counter()
     streams = random_streams(cfg.seed)
     hasher = BlockHasher(cfg.engine.block_size)
-    workload = build_workload(cfg.workload, hasher, streams)
+    workload = build_workload(cfg.workload, cfg.load, hasher, streams)
 
     env = simpy.Environment()
     recorder = Recorder(per_token=cfg.output.per_token)
     cluster = AggregatedCluster(env, cfg, hasher, recorder, streams["router"])
-    load = cfg.workload.load
+    load = cfg.load
     if isinstance(load, ConcurrencyLoad):
         closed_loop(env, workload.sessions, cluster.dispatch, load.concurrency)
     else:
@@ -221,7 +221,7 @@ def simulate(cfg: RunConfig) -> Result:
         "num_workers": cfg.topology.num_workers,
         "router": cfg.router.kind,
         "workload": cfg.workload.kind,
-        "load": cfg.workload.load.kind,
+        "load": cfg.load.kind,
         "num_gpu_blocks": num_gpu_blocks(cfg),
         "kv_bytes_per_token": kv_bytes_per_token(cfg.llm),
         "kv_eviction_policy": "lru",

@@ -39,8 +39,10 @@ class AggregatedCluster:
         self.workers: list[Worker] = []
         for w in range(cfg.topology.num_workers):
             pool = BlockPool(blocks, cfg.engine.enable_prefix_caching, cfg.output.kv_events)
-            sched = VllmScheduler(cfg.engine, pool, hasher, self._admitted, self._rejected)
-            self.workers.append(Worker(env, w, sched, step_time, recorder, self._completed))
+            sched = VllmScheduler(cfg.engine, pool, hasher, self._admitted)
+            self.workers.append(
+                Worker(env, w, sched, step_time, recorder, self._completed, self._rejected)
+            )
         self.router = build_router(cfg.router, len(self.workers), router_rng)
 
     def dispatch(self, req: Request) -> None:

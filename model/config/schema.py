@@ -222,7 +222,6 @@ class MooncakeWorkload(Schema):
     trace_block_size: int = Field(512, gt=0)
     skip_malformed: bool = False
     max_requests: int | None = Field(None, gt=0, description="read only the first N rows")
-    load: LoadConfig = TraceLoad()
 
 
 class AzureWorkload(Schema):
@@ -231,8 +230,7 @@ class AzureWorkload(Schema):
     kind: Literal["azure"] = "azure"
     path: str
     skip_malformed: bool = False
-    max_requests: int | None = Field(None, gt=0)
-    load: LoadConfig = TraceLoad()
+    max_requests: int | None = Field(None, gt=0, description="read only the first N rows")
 
 
 class LengthDistribution(Schema):
@@ -246,7 +244,11 @@ class LengthDistribution(Schema):
 
 
 class SyntheticWorkload(Schema):
-    """Generated requests: sessions of turns, shared prefixes by group, seeded lengths."""
+    """Generated requests: sessions of turns, shared prefixes by group, seeded lengths.
+
+    First turns arrive by a Poisson or constant process at `rate_rps`; with the default trace
+    load those are the arrival times (load=rate or load=concurrency replace them).
+    """
 
     kind: Literal["synthetic"] = "synthetic"
     num_sessions: int = Field(gt=0)
@@ -257,7 +259,8 @@ class SyntheticWorkload(Schema):
     shared_prefix_ratio: float = Field(0.0, ge=0, le=1)
     num_prefix_groups: int = Field(0, ge=0)
     trace_block_size: int = Field(64, gt=0)
-    load: LoadConfig = RateLoad(rate_rps=10.0)
+    rate_rps: PositiveFloat = 10.0
+    arrival_process: Literal["poisson", "constant"] = "poisson"
 
 
 WorkloadConfig = Annotated[
@@ -296,5 +299,6 @@ class RunConfig(Schema):
     topology: TopologyConfig = AggregatedTopology()
     router: RouterConfig = RoundRobinRouter()
     workload: WorkloadConfig
+    load: LoadConfig = TraceLoad()
     stop: StopConfig = StopConfig()
     output: OutputConfig = OutputConfig()

@@ -28,28 +28,31 @@ from model.workload.hashing import BlockHasher
 from model.workload.request import Request, Status
 
 
+OK = 0
+BLOCKED = -1
+SELF_PREEMPTED = -2
+
+
 def choose_victim(running: list[Request], mode: str) -> Request:
-    """The request a failed allocation preempts: newest (`lifo`) or oldest (`fifo`)."""
+    """The request a failed allocation preempts: the newest running (`lifo`) or the oldest
+    (`fifo`); it may be the very request that needs the blocks."""
     return running[-1] if mode == "lifo" else running[0]
 
 
-def prefix_cap_blocks(req: Request, block_size: int) -> int:
-    """Most blocks a prefix hit may cover: the last known token is recomputed unless the
-    request has nothing left to generate (a zero-output request may be served from cache)."""
-    seq = req.seq_len
-    if req.num_output_tokens < req.output_length:
-        return (seq - 1) // block_size
-    return seq // block_size
-
-
 class Batch:
-    """What one pass computes: (request, tokens, prefix before the chunk, was prefill) items."""
+    """What one pass computes.
+
+    `items` are (request, tokens scheduled, prompt tokens computed, prompt tokens before) in
+    running order. Prefill work counts prompt positions only; decode items are requests that
+    caught up and still owe output, except a request whose first token comes from this
+    pass's prefill (it adds no decode time).
+    """
 
     __slots__ = ("items", "n_prefill", "sum_prefill_isl", "sum_prefix", "prefill_tokens",
-                 "n_decode", "sum_decode_context", "n_preempted", "active_blocks")
+                 "n_decode", "sum_decode_context", "n_preempted", "active_blocks", "rejected")
 
     def __init__(self) -> None:
-        self.items: list[tuple[Request, int, int, bool]] = []
+        self.items: list[tuple[Request, int, int, int]] = []
         self.n_prefill = 0
         self.sum_prefill_isl = 0
         self.sum_prefix = 0
@@ -58,6 +61,7 @@ class Batch:
         self.sum_decode_context = 0
         self.n_preempted = 0
         self.active_blocks = 0
+        self.rejected: list[tuple[Request, str]] = []
 
 
 class VllmScheduler:
@@ -69,18 +73,15 @@ class VllmScheduler:
         pool: BlockPool,
         hasher: BlockHasher,
         on_admit: Callable[[Request, int], None],
-        on_reject: Callable[[Request, str], None],
     ) -> None:
         self.cfg = cfg
         self.block_size = cfg.block_size
         self.pool = pool
         self.hasher = hasher
         self.on_admit = on_admit
-        self.on_reject = on_reject
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.n_preemptions = 0
-        self.n_rejections = 0
 
     # ------------------------------------------------------------------ queue
 
@@ -100,84 +101,97 @@ class VllmScheduler:
         k = j - len(prompt)
         out = req.output_hashes
         if k >= len(out):
+            # a block holding generated tokens (or the prompt's tail with them): content
+            # nothing else shares, as with the mocker's pseudo-random output tokens
             out.extend(self.hasher.unique_blocks(k + 1 - len(out)))
         return out[k]
 
-    def _grow(self, req: Request, tokens: int) -> bool:
-        """Give `req` KV for `tokens` more computed tokens; register blocks that became full."""
-        bs = self.block_size
-        target = req.num_computed_tokens + tokens
-        need = -(-target // bs) - len(req.held_hashes) - req.held_private_blocks
-        if need > 0 and not self.pool.allocate(req, need):
-            return False
-        if self.pool.enable_caching:
-            for j in range(len(req.held_hashes), target // bs):
-                self.pool.register(req, self._block_hash(req, j))
-        return True
+    def _known_hashes(self, req: Request) -> list[int]:
+        """Hashes of every full block of the known sequence (prompt, then generated)."""
+        n_full = req.seq_len // self.block_size
+        prompt = req.prompt_hashes
+        if n_full <= len(prompt):
+            return prompt
+        return prompt + [self._block_hash(req, j) for j in range(len(prompt), n_full)]
 
-    def _preempt(self, victim: Request, batch: Batch) -> int:
-        """Recompute preemption; returns the budget the victim had taken this pass."""
+    def _allocate(self, req: Request, batch: Batch, target: int) -> int:
+        """Blocks so `req` covers `target` tokens, preempting victims while they do not fit.
+        Returns OK, SELF_PREEMPTED (req was the victim) or BLOCKED (no victim left)."""
+        pool = self.pool
+        need = -(-target // self.block_size) - len(req.held_hashes) - req.held_private_blocks
+        while not pool.allocate(req, need):
+            if not self.running:
+                return BLOCKED
+            victim = choose_victim(self.running, self.cfg.preemption_mode)
+            self._preempt(victim, batch)
+            if victim is req:
+                return SELF_PREEMPTED
+        return OK
+
+    def _register_full(self, req: Request) -> None:
+        """Register every block that is now completely computed (visible to later requests)."""
+        if self.pool.enable_caching:
+            for j in range(len(req.held_hashes), req.num_computed_tokens // self.block_size):
+                self.pool.register(req, self._block_hash(req, j))
+
+    def _preempt(self, victim: Request, batch: Batch) -> None:
+        """Recompute preemption: all KV back, computed to 0, front of waiting; work it was
+        given this pass is undone."""
         self.pool.release(victim)
         self.running.remove(victim)
-        returned = 0
-        for k, item in enumerate(batch.items):
-            if item[0] is victim:
-                returned = item[1]
-                del batch.items[k]
+        items = batch.items
+        for k in range(len(items)):
+            if items[k][0] is victim:
+                del items[k]
                 break
         victim.num_computed_tokens = 0
-        victim.prefilling = True
         victim.n_preemptions += 1
         victim.status = Status.WAITING
         self.waiting.appendleft(victim)
         self.n_preemptions += 1
         batch.n_preempted += 1
-        return returned
+
+    def _schedule_tokens(self, req: Request, batch: Batch, budget: int, cached: int) -> int:
+        """Give `req` up to `budget` tokens of work this pass. Returns the tokens scheduled,
+        or BLOCKED / SELF_PREEMPTED (both negative) if it cannot run this pass."""
+        prompt_len = req.input_length
+        eff = req.num_computed_tokens + cached
+        remaining = req.seq_len - eff
+        if not self.cfg.enable_chunked_prefill and prompt_len - eff > budget:
+            return BLOCKED
+        want = min(remaining, budget)
+        if want == 0 < remaining:
+            return BLOCKED
+        outcome = self._allocate(req, batch, eff + want)
+        if outcome != OK:
+            return outcome
+        req.num_computed_tokens = eff + want
+        self._register_full(req)
+        before = min(eff, prompt_len)
+        batch.items.append((req, want, min(eff + want, prompt_len) - before, before))
+        return want
 
     # ------------------------------------------------------------------ one pass
 
     def schedule(self) -> Batch:
-        cfg = self.cfg
-        budget = cfg.max_num_batched_tokens
         batch = Batch()
-        items = batch.items
+        budget = self.cfg.max_num_batched_tokens
         running = self.running
-        lifo = cfg.preemption_mode == "lifo"
-
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            want = min(req.seq_len - req.num_computed_tokens, budget)
-            dropped = False
-            while not self._grow(req, want):
-                victim = running[-1] if lifo else running[0]
-                victim_pos = i if victim is req else (len(running) - 1 if lifo else 0)
-                budget += self._preempt(victim, batch)
-                if victim is req:
-                    dropped = True
-                    break
-                if victim_pos < i:
-                    i -= 1
-            if dropped:
-                continue
-            items.append((req, want, req.num_computed_tokens, req.prefilling))
-            req.num_computed_tokens += want
-            budget -= want
+            n = self._schedule_tokens(req, batch, budget, 0)
+            if n == SELF_PREEMPTED:
+                continue  # the next request now sits at i
+            if n == BLOCKED:
+                break
+            budget -= n
+            # a FIFO victim before i shifts the list without moving i: the request after
+            # this one sits out the pass, exactly as in the mocker
             i += 1
-
         if batch.n_preempted == 0:
             self._admit(batch, budget)
-
-        for req, n, prefix, prefilling in items:
-            if prefilling:
-                batch.n_prefill += 1
-                batch.sum_prefill_isl += prefix + n
-                batch.sum_prefix += prefix
-                batch.prefill_tokens += n
-            else:
-                batch.n_decode += 1
-                batch.sum_decode_context += req.seq_len
-        batch.active_blocks = self.pool.n_active
+        self._summarise(batch)
         return batch
 
     def _admit(self, batch: Batch, budget: int) -> None:
@@ -186,65 +200,86 @@ class VllmScheduler:
         pool = self.pool
         waiting = self.waiting
         running = self.running
-        while budget > 0 and waiting and len(running) < cfg.max_num_seqs:
+        while waiting and len(running) < cfg.max_num_seqs:
             req = waiting[0]
             if req.n_admissions == 0:
                 reason = self._never_fits(req)
                 if reason:
-                    self._reject(req, reason)
+                    waiting.popleft()
+                    batch.rejected.append((req, reason))
                     continue
             seq = req.seq_len
-            if req.output_hashes or seq > req.input_length:
-                hashes = req.prompt_hashes + [
-                    self._block_hash(req, j)
-                    for j in range(len(req.prompt_hashes), seq // bs)
-                ]
-            else:
-                hashes = req.prompt_hashes
-            hit, hit_active = pool.match(hashes, prefix_cap_blocks(req, bs))
+            hashes = self._known_hashes(req)
+            hit, hit_active = pool.match(hashes)
+            if req.num_output_tokens < req.output_length:
+                # the last known token is always recomputed to produce the next one
+                cap = (seq - 1) // bs
+                hit = min(hit, cap)
+                hit_active = min(hit_active, cap)
             needed = -(-seq // bs) - hit_active
             if needed > pool.free_blocks:
-                if not running and not batch.items:
-                    # nothing holds blocks that could ever be freed: it cannot fit, ever
-                    self._reject(
-                        req,
-                        f"sequence of {seq} tokens needs {-(-seq // bs)} KV blocks; "
-                        f"the pool holds {pool.capacity_blocks}",
+                if not running:
+                    # nothing holds blocks that could ever be freed: it will never fit
+                    waiting.popleft()
+                    batch.rejected.append(
+                        (
+                            req,
+                            f"sequence of {seq} tokens needs {-(-seq // bs)} KV blocks; "
+                            f"the pool holds {pool.capacity_blocks}",
+                        )
                     )
                     continue
                 break
             cached = hit * bs
-            if not cfg.enable_chunked_prefill and seq - cached > budget:
-                if seq - cached > cfg.max_num_batched_tokens:
-                    # without chunking a prefill must fit one pass's budget
-                    self._reject(
+            if (
+                not cfg.enable_chunked_prefill
+                and req.input_length - cached > cfg.max_num_batched_tokens
+                and not running
+            ):
+                waiting.popleft()
+                batch.rejected.append(
+                    (
                         req,
-                        f"uncached prompt of {seq - cached} tokens exceeds "
-                        f"max_num_batched_tokens {cfg.max_num_batched_tokens} "
-                        "and chunked prefill is disabled",
+                        f"uncached prompt of {req.input_length - cached} tokens exceeds "
+                        f"max_num_batched_tokens {cfg.max_num_batched_tokens} and chunked "
+                        "prefill is disabled",
                     )
-                    continue
-                break
-            waiting.popleft()
+                )
+                continue
+            if (not cfg.enable_chunked_prefill and req.input_length - cached > budget) or (
+                budget == 0 and seq > cached
+            ):
+                break  # no room in this pass; checked before any block is pinned
             if hit:
                 pool.acquire(req, hashes[:hit])
-            req.num_computed_tokens = cached
-            want = min(seq - cached, budget)
-            if not self._grow(req, want):  # pragma: no cover - guarded by the check above
-                raise RuntimeError(f"admission check passed but allocation failed for {req}")
+            preempted = batch.n_preempted
+            n = self._schedule_tokens(req, batch, budget, cached)
+            if n < 0:  # pragma: no cover - the admission check guarantees the blocks
+                raise RuntimeError(f"admitted {req} could not be scheduled")
+            waiting.popleft()
             req.status = Status.RUNNING
-            req.prefilling = True
             req.n_admissions += 1
-            self.on_admit(req, min(cached, req.input_length))
             running.append(req)
-            batch.items.append((req, want, cached, True))
-            req.num_computed_tokens += want
-            budget -= want
+            self.on_admit(req, cached)
+            budget -= n
+            if batch.n_preempted != preempted or (n == 0 and budget == 0):
+                break
 
-    def _reject(self, req: Request, reason: str) -> None:
-        self.waiting.popleft()
-        self.n_rejections += 1
-        self.on_reject(req, reason)
+    def _summarise(self, batch: Batch) -> None:
+        for req, _n, prompt_tokens, before in batch.items:
+            if prompt_tokens > 0:
+                batch.n_prefill += 1
+                batch.sum_prefill_isl += before + prompt_tokens
+                batch.sum_prefix += before
+                batch.prefill_tokens += prompt_tokens
+            if (
+                req.num_computed_tokens == req.seq_len
+                and req.num_output_tokens < req.output_length
+                and not (req.num_output_tokens == 0 and prompt_tokens > 0)
+            ):
+                batch.n_decode += 1
+                batch.sum_decode_context += req.seq_len
+        batch.active_blocks = self.pool.n_active
 
     def _never_fits(self, req: Request) -> str:
         cfg = self.cfg
@@ -260,32 +295,33 @@ class VllmScheduler:
             )
         return ""
 
-    def finish(self, batch: Batch, now_ms: float) -> list[Request]:
-        """Apply a pass that ended at `now_ms`: emit tokens, complete requests. Returns the
-        requests that completed."""
-        done: list[Request] = []
+    def finish(self, batch: Batch) -> tuple[list[Request], list[Request]]:
+        """Apply a pass at its end: every request that caught up emits a token; returns the
+        requests that completed and those that emitted a token (stamped by the caller).
+        Completed requests release their blocks: zero-output ones first, then the others,
+        each in running order."""
         max_len = self.cfg.max_model_len
-        for req, _n, _prefix, _prefilling in batch.items:
-            if req.num_computed_tokens != req.seq_len or req.status != Status.RUNNING:
+        emitted: list[Request] = []
+        zero_out: list[Request] = []
+        last_token: list[Request] = []
+        for req, _n, _p, _b in batch.items:
+            if req.num_computed_tokens != req.seq_len:
                 continue  # mid-prefill chunk
-            req.prefilling = False
             if req.output_length == 0:
-                done.append(req)
+                zero_out.append(req)
                 continue
-            k = req.num_output_tokens = req.num_output_tokens + 1
-            if k == 1:
-                req.first_token_ms = now_ms
-            elif k == 2:
-                req.second_token_ms = now_ms
-            times = req.token_times_ms
-            if times is not None:
-                times.append(now_ms)
-            req.last_token_ms = now_ms
-            if k >= req.output_length or (max_len is not None and req.seq_len >= max_len):
-                done.append(req)
+            if req.num_output_tokens >= req.output_length:
+                continue  # pragma: no cover - completed requests leave running
+            req.num_output_tokens += 1
+            emitted.append(req)
+            if req.num_output_tokens >= req.output_length or (
+                max_len is not None and req.seq_len >= max_len
+            ):
+                last_token.append(req)
+        done = zero_out + last_token
         if done:
             for req in done:
                 self.pool.release(req)
                 req.status = Status.DONE
             self.running = [r for r in self.running if r.status == Status.RUNNING]
-        return done
+        return done, emitted

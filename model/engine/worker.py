@@ -32,6 +32,7 @@ class Worker:
         step_time: StepTime,
         recorder: Recorder,
         on_complete: Callable[[Request], None],
+        on_reject: Callable[[Request, str], None],
     ) -> None:
         self.env = env
         self.idx = idx
@@ -41,6 +42,7 @@ class Worker:
         self.step_time = step_time
         self.recorder = recorder
         self.on_complete = on_complete
+        self.on_reject = on_reject
         self.block_size = scheduler.block_size
         self.total_kv_tokens = self.pool.capacity_blocks * self.block_size
         self._wake: simpy.Event | None = None
@@ -68,16 +70,15 @@ class Worker:
                 # other events of this instant (arrivals, completions) go first
                 yield at(env, 0.0, PASS_START)
             start = env.now
-            rejections = sched.n_rejections
             batch = sched.schedule()
-            if not batch.items:
-                if sched.n_rejections == rejections and sched.has_work():
-                    raise RuntimeError(f"{self.name} stalled at {start} ms with queued work")
-                continue  # only rejections happened; nothing to compute
-            self._sample_kv(start)
-            duration = self._price(batch)
-            yield at(env, duration, PASS_END)
-            self._apply(batch, start)
+            if batch.items:
+                self._sample_kv(start)
+                yield at(env, self._price(batch), PASS_END)
+                self._apply(batch, start)
+            elif batch.rejected:
+                self._reject(batch)  # a pass with nothing to compute ends at once
+            elif sched.has_work():
+                raise RuntimeError(f"{self.name} stalled at {start} ms with queued work")
 
     def _price(self, batch: Batch) -> float:
         st = self.step_time
@@ -97,7 +98,17 @@ class Worker:
 
     def _apply(self, batch: Batch, start: float) -> None:
         now = self.env.now
-        done = self.scheduler.finish(batch, now)
+        done, emitted = self.scheduler.finish(batch)
+        for req in emitted:
+            k = req.num_output_tokens
+            if k == 1:
+                req.first_token_ms = now
+            elif k == 2:
+                req.second_token_ms = now
+            req.last_token_ms = now
+            times = req.token_times_ms
+            if times is not None:
+                times.append(now)
         self.n_passes += 1
         self.busy_ms += now - start
         self.recorder.pass_done(
@@ -114,9 +125,14 @@ class Worker:
         if self.pool.pending_events:
             for kind, h in self.pool.take_events():
                 self.recorder.kv_event(now, self.idx, 0, kind, "device", h)
+        self._reject(batch)
         for req in done:
             self.on_complete(req)
         self._sample_kv(now)
+
+    def _reject(self, batch: Batch) -> None:
+        for req, reason in batch.rejected:
+            self.on_reject(req, reason)
 
     def _sample_kv(self, t: float) -> None:
         level = (self.pool.n_active, self.pool.n_cached)

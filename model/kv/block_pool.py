@@ -1,26 +1,36 @@
 """The G1 (GPU HBM) KV block pool of one scheduler rank, with prefix caching.
 
-A pool holds `capacity_blocks` blocks. A block is *active* while at least one request holds it
-and *inactive* (cached, evictable) after the last holder lets go; only full blocks carry a
-content hash and can be shared or cached, a partly filled block is private to its request.
+A pool holds `capacity_blocks` physical blocks. A block is *active* while at least one request
+holds it and *inactive* (cached, evictable) after the last holder lets go; only full blocks carry
+a content hash and can be shared or cached, a partly filled block is private to its request.
 Ownership is recorded at grant time: every call that hands blocks to a request writes them into
 that request's `held_hashes` / `held_private_blocks` before returning, so a preemption that
 lands between two calls can always give back exactly what the request holds.
 
-Eviction takes the least recently released inactive block; blocks released together are queued
-deepest first, so a request's suffix blocks are evicted before the prefix it shares with others.
-KV events (`stored` on a new registration, `removed` on eviction) are buffered until the worker
-publishes them at pass end.
+Eviction is plain LRU over inactive blocks, ordered by when each became unreferenced; a request
+lets go of its blocks last block first, so its suffix is evicted before the prefix it shares.
+Fresh allocations use empty blocks before evicting anything.
+
+If two requests compute the same content without seeing each other (both were admitted before
+either registered it), each keeps its own physical copy: both count as active, each is cached
+and evicted on its own, and lookups use the oldest copy. The first copy is keyed by the content
+hash itself, later copies by `(hash, serial)`.
+
+KV events (`stored` on a new registration, `removed` when the last copy of a content is evicted)
+are buffered until the worker publishes them at pass end.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Any
 
 from model.workload.request import Request
 
 STORED = "stored"
 REMOVED = "removed"
+
+Key = Any  # int content hash (first copy) or (hash, serial) for a duplicate copy
 
 
 class BlockPool:
@@ -29,10 +39,12 @@ class BlockPool:
         "enable_caching",
         "refcount",
         "inactive",
+        "copies",
         "n_private",
         "record_events",
         "pending_events",
         "n_evictions",
+        "_serial",
     )
 
     def __init__(
@@ -40,12 +52,14 @@ class BlockPool:
     ) -> None:
         self.capacity_blocks = capacity_blocks
         self.enable_caching = enable_caching
-        self.refcount: dict[int, int] = {}  # active full blocks: hash -> holders
-        self.inactive: OrderedDict[int, None] = OrderedDict()  # eviction order, oldest first
+        self.refcount: dict[Key, int] = {}  # active cached blocks: key -> holders
+        self.inactive: OrderedDict[Key, None] = OrderedDict()  # eviction order, oldest first
+        self.copies: dict[int, list[Key]] = {}  # hash -> its copies, oldest first (duplicates only)
         self.n_private = 0  # active blocks without a hash (partial, or caching off)
         self.record_events = record_events
         self.pending_events: list[tuple[str, int]] = []
         self.n_evictions = 0
+        self._serial = 0
 
     # ------------------------------------------------------------------ levels
 
@@ -64,18 +78,29 @@ class BlockPool:
 
     # ------------------------------------------------------------------ prefix lookups
 
-    def match(self, hashes: list[int], max_blocks: int) -> tuple[int, int]:
+    def _oldest(self, h: int) -> Key | None:
+        """The copy of content `h` that lookups use, or None if `h` is not resident."""
+        if h in self.refcount or h in self.inactive:
+            return h
+        keys = self.copies.get(h)
+        return keys[0] if keys else None
+
+    def match(self, hashes: list[int]) -> tuple[int, int]:
         """Leading blocks of `hashes` resident (active or inactive), and how many are active."""
         if not self.enable_caching:
             return 0, 0
         refcount = self.refcount
         inactive = self.inactive
         n = n_active = 0
-        for h in hashes[:max_blocks]:
+        for h in hashes:
             if h in refcount:
                 n_active += 1
             elif h not in inactive:
-                break
+                key = self._oldest(h)
+                if key is None:
+                    break
+                if key in refcount:
+                    n_active += 1
             n += 1
         return n, n_active
 
@@ -85,13 +110,14 @@ class BlockPool:
         inactive = self.inactive
         held = req.held_hashes
         for h in hashes:
-            c = refcount.get(h)
+            key = h if (h in refcount or h in inactive) else self._oldest(h)
+            c = refcount.get(key)
             if c is None:
-                del inactive[h]
-                refcount[h] = 1
+                del inactive[key]
+                refcount[key] = 1
             else:
-                refcount[h] = c + 1
-            held.append(h)
+                refcount[key] = c + 1
+            held.append(key)
 
     # ------------------------------------------------------------------ allocation
 
@@ -103,45 +129,58 @@ class BlockPool:
             return False
         empty = self.capacity_blocks - len(self.refcount) - self.n_private - len(self.inactive)
         for _ in range(n_blocks - empty):
-            h, _ = self.inactive.popitem(last=False)
-            self.n_evictions += 1
-            if self.record_events:
-                self.pending_events.append((REMOVED, h))
+            self._evict_oldest()
         self.n_private += n_blocks
         req.held_private_blocks += n_blocks
         return True
+
+    def _evict_oldest(self) -> None:
+        key, _ = self.inactive.popitem(last=False)
+        self.n_evictions += 1
+        h = key[0] if isinstance(key, tuple) else key
+        keys = self.copies.get(h)
+        if keys is not None:
+            keys.remove(key)
+            if keys:
+                return  # another copy still holds this content
+            del self.copies[h]
+        if self.record_events:
+            self.pending_events.append((REMOVED, h))
 
     def register(self, req: Request, h: int) -> None:
         """A private block of `req` became full with content `h`: make it a cacheable block."""
         if not self.enable_caching:
             return
-        refcount = self.refcount
         self.n_private -= 1
         req.held_private_blocks -= 1
-        c = refcount.get(h)
-        if c is not None:
-            # identical content computed twice: share the resident copy, free the duplicate
-            refcount[h] = c + 1
-        elif h in self.inactive:
-            del self.inactive[h]
-            refcount[h] = 1
-        else:
-            refcount[h] = 1
+        existing = self._oldest(h)
+        if existing is None:
+            key: Key = h
             if self.record_events:
                 self.pending_events.append((STORED, h))
-        req.held_hashes.append(h)
+        else:
+            # the same content computed twice: this request keeps its own copy
+            self._serial += 1
+            key = (h, self._serial)
+            keys = self.copies.get(h)
+            if keys is None:
+                self.copies[h] = [existing, key]
+            else:
+                keys.append(key)
+        self.refcount[key] = 1
+        req.held_hashes.append(key)
 
     def release(self, req: Request) -> None:
-        """`req` lets go of everything it holds; full blocks stay cached, deepest first in line."""
+        """`req` lets go of everything it holds; cached blocks join the LRU last block first."""
         refcount = self.refcount
         inactive = self.inactive
-        for h in reversed(req.held_hashes):
-            c = refcount[h]
+        for key in reversed(req.held_hashes):
+            c = refcount[key]
             if c == 1:
-                del refcount[h]
-                inactive[h] = None
+                del refcount[key]
+                inactive[key] = None
             else:
-                refcount[h] = c - 1
+                refcount[key] = c - 1
         req.held_hashes = []
         self.n_private -= req.held_private_blocks
         req.held_private_blocks = 0

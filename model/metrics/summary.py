@@ -5,7 +5,7 @@
   completed request, pooled; E2E = last token - arrival. Only completed requests count.
 * Percentiles are nearest-rank with rounding: sorted[round((n - 1) p / 100)]; std is the
   population std.
-* duration_ms = the latest terminal time; throughputs divide completed work by it.
+* duration_ms = the latest completion time; throughputs divide completed work by it.
 * prefix_cache_reused_ratio = sum of reused input tokens / sum of input tokens (completed
   requests; per request the largest reuse over its admissions).
 """
@@ -58,8 +58,7 @@ def summarize(
 ) -> dict[str, Any]:
     arrived = requests[requests["arrival_ms"].notna()]
     done = requests[requests["terminal_status"] == COMPLETED]
-    ended = requests[requests["terminal_status"].isin([COMPLETED, REJECTED])]
-    duration_ms = float(ended["terminal_ms"].max()) if len(ended) else 0.0
+    duration_ms = float(done["terminal_ms"].max()) if len(done) else 0.0
     duration_s = max(duration_ms / 1000.0, 1e-9)
     total_in = int(done["input_length"].sum())
     total_out = int(done["output_length"].sum())

@@ -16,6 +16,7 @@ import numpy as np
 
 from model.config.schema import (
     AzureWorkload,
+    LoadConfig,
     MooncakeWorkload,
     RateLoad,
     SyntheticWorkload,
@@ -59,7 +60,10 @@ def _rows(
 
 
 def build_workload(
-    cfg: WorkloadConfig, hasher: BlockHasher, streams: dict[str, np.random.Generator]
+    cfg: WorkloadConfig,
+    load: LoadConfig,
+    hasher: BlockHasher,
+    streams: dict[str, np.random.Generator],
 ) -> Workload:
     skipped = SkipCounter()
     rows, tbs = _rows(cfg, skipped, streams)
@@ -103,7 +107,9 @@ def build_workload(
         if sid is not None:
             prev_ts[sid] = row.timestamp_ms if row.timestamp_ms is not None else prev_ts.get(sid)
     workload = Workload(sessions, skipped)
-    _plan_arrivals(workload, cfg, streams["arrivals"])
+    if isinstance(cfg, SyntheticWorkload):
+        _stamp(workload, cfg.rate_rps, cfg.arrival_process, streams["arrivals"])
+    _plan_arrivals(workload, load, streams["arrivals"])
     return workload
 
 
@@ -123,11 +129,21 @@ def _follow_up_delay(row: TraceRow, prev_ts: float | None, where: str) -> float:
     return delay
 
 
-def _plan_arrivals(
-    workload: Workload, cfg: WorkloadConfig, rng: np.random.Generator
-) -> None:
+def _stamp(workload: Workload, rate_rps: float, process: str, rng: np.random.Generator) -> None:
+    """First turns at a constant or Poisson (exponential gaps) rate, the first at 0."""
     firsts = [s[0] for s in workload.sessions]
-    load = cfg.load
+    gap_ms = 1000.0 / rate_rps
+    if process == "constant":
+        times = np.arange(len(firsts)) * gap_ms
+    else:
+        gaps = rng.exponential(gap_ms, size=len(firsts))
+        times = np.concatenate(([0.0], np.cumsum(gaps[:-1])))
+    for r, t in zip(firsts, times, strict=True):
+        r.planned_arrival_ms = float(t)
+
+
+def _plan_arrivals(workload: Workload, load: LoadConfig, rng: np.random.Generator) -> None:
+    firsts = [s[0] for s in workload.sessions]
     if isinstance(load, TraceLoad):
         t0 = firsts[0].planned_arrival_ms or 0.0
         ratio = load.arrival_speedup_ratio
@@ -138,14 +154,7 @@ def _plan_arrivals(
                 for r in s[1:]:
                     r.delay_ms /= ratio
     elif isinstance(load, RateLoad):
-        gap_ms = 1000.0 / load.rate_rps
-        if load.process == "constant":
-            times = np.arange(len(firsts)) * gap_ms
-        else:
-            gaps = rng.exponential(gap_ms, size=len(firsts))
-            times = np.concatenate(([0.0], np.cumsum(gaps[:-1])))
-        for r, t in zip(firsts, times, strict=True):
-            r.planned_arrival_ms = float(t)
+        _stamp(workload, load.rate_rps, load.process, rng)
     else:  # concurrency: arrival is stamped at dispatch
         for r in firsts:
             r.planned_arrival_ms = None
