@@ -6,6 +6,7 @@ ends or the stop time), collect (tables and summary, built once). No Hydra here.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import platform
@@ -120,6 +121,7 @@ def _jsonable(v: Any) -> Any:
     return v
 
 
+@functools.cache
 def _versions() -> dict[str, str]:
     out = {"python": platform.python_version()}
     for pkg in ("servesim", "simpy", "numpy", "pandas", "pydantic", "hydra-core"):

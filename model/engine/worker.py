@@ -75,8 +75,11 @@ class Worker:
                 self._sample_kv(start)
                 yield at(env, self._price(batch), PASS_END)
                 self._apply(batch, start)
-            elif batch.rejected:
-                self._reject(batch)  # a pass with nothing to compute ends at once
+            elif batch.rejected or batch.n_preempted:
+                # a pass with nothing to compute (only rejections or a request preempting
+                # itself) ends at once
+                self._reject(batch)
+                self._sample_kv(start)
             elif sched.has_work():
                 raise RuntimeError(f"{self.name} stalled at {start} ms with queued work")
 

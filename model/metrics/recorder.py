@@ -6,7 +6,6 @@ pandas is touched until `model.metrics.tables` builds the frames.
 
 from __future__ import annotations
 
-import math
 from array import array
 
 from model.workload.request import Request
@@ -92,6 +91,7 @@ class Recorder:
         worker = req.worker_idx if req.worker_idx >= 0 else None
         self.requests.append(
             (
+                req.idx,
                 req.request_id,
                 req.session_id,
                 req.turn_index,
@@ -157,5 +157,3 @@ class Recorder:
         self._n_kv_events += 1
 
 
-def finite_or_none(x: float) -> float | None:
-    return None if x is None or math.isnan(x) else x

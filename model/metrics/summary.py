@@ -66,7 +66,7 @@ def summarize(
     first_reused = int(done["first_admission_reused_input_tokens"].sum())
     wall_s = max(wall_time_ms / 1000.0, 1e-9)
     worker_seconds = num_workers * duration_s
-    counts = requests["terminal_status"].value_counts()
+    counts = arrived["terminal_status"].value_counts()
 
     ttft = done["ttft_ms"].dropna().to_numpy()
     ttst = done["ttst_ms"].dropna().to_numpy()
@@ -80,6 +80,7 @@ def summarize(
         "completed_requests": int(len(done)),
         "rejected_requests": int(counts.get(REJECTED, 0)),
         "incomplete_requests": int(counts.get(INCOMPLETE, 0)),
+        "not_arrived_requests": int(len(requests) - len(arrived)),
         "total_input_tokens": total_in,
         "total_output_tokens": total_out,
         "committed_prefill_tokens": total_in - reused,

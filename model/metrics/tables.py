@@ -27,7 +27,9 @@ REQUEST_DTYPES = {
 
 
 def requests_table(rec: Recorder) -> pd.DataFrame:
-    df = pd.DataFrame.from_records(rec.requests, columns=list(REQUEST_COLUMNS))
+    """One row per request, in trace order (records arrive in terminal order)."""
+    df = pd.DataFrame.from_records(rec.requests, columns=["_idx", *REQUEST_COLUMNS])
+    df = df.sort_values("_idx", kind="stable").drop(columns="_idx").reset_index(drop=True)
     return df.astype(REQUEST_DTYPES)
 
 

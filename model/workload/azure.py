@@ -9,9 +9,8 @@ streams rows and names the file and line of any problem.
 from __future__ import annotations
 
 import csv
-import math
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from model.workload.errors import TraceError
@@ -20,14 +19,18 @@ from model.workload.mooncake import SkipCounter, TraceRow
 COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 
 
-def parse_timestamp_ms(text: str) -> float:
-    """Milliseconds since the epoch (UTC-naive) of `YYYY-MM-DD HH:MM:SS[.fffffff]`."""
+EPOCH = datetime(1970, 1, 1)
+TICKS_PER_S = 10_000_000  # the trace's resolution: 100 ns
+
+
+def parse_timestamp_ticks(text: str) -> int:
+    """100 ns ticks since the epoch (UTC-naive) of `YYYY-MM-DD HH:MM:SS[.fffffff]`, exact."""
     whole, _, frac = text.strip().partition(".")
     base = datetime.strptime(whole, "%Y-%m-%d %H:%M:%S")
     if frac and not frac.isdigit():
         raise ValueError(f"bad fractional seconds {frac!r}")
-    seconds = float(f"0.{frac}") if frac else 0.0
-    return (base - datetime(1970, 1, 1)).total_seconds() * 1000.0 + seconds * 1000.0
+    seconds = (base - EPOCH) // timedelta(seconds=1)
+    return seconds * TICKS_PER_S + int((frac + "0000000")[:7])
 
 
 def _count(value: str, what: str, where: str, minimum: int) -> int:
@@ -52,8 +55,8 @@ def read_azure(
         raise TraceError(f"failed to open trace file {path}")
     skipped = skipped if skipped is not None else SkipCounter()
     n_rows = 0
-    t0: float | None = None
-    last = -math.inf
+    t0: int | None = None
+    last = -1
     with path.open(encoding="utf-8-sig", newline="") as fh:
         reader = csv.reader(fh)
         header = next(reader, None)
@@ -71,7 +74,7 @@ def read_azure(
                 if len(fields) < 3:
                     raise TraceError(f"{where}: expected 3 fields, got {len(fields)}")
                 try:
-                    ts = parse_timestamp_ms(fields[0])
+                    ts = parse_timestamp_ticks(fields[0])
                 except ValueError:
                     raise TraceError(
                         f"{where}: TIMESTAMP must look like 2023-11-16 18:15:46.6805900, "
@@ -92,7 +95,7 @@ def read_azure(
             last = ts
             if t0 is None:
                 t0 = ts
-            yield TraceRow(line, ts - t0, inp, out, [])
+            yield TraceRow(line, (ts - t0) / (TICKS_PER_S / 1000), inp, out, [])
             n_rows += 1
             if max_requests is not None and n_rows >= max_requests:
                 break

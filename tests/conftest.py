@@ -1,0 +1,83 @@
+"""Shared test fixtures: small validated configs and trace files written to tmp_path."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from model.config import RunConfig, validate_config
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_TRACES = REPO.parent.parent / "shared" / "traces"
+if not SHARED_TRACES.is_dir():
+    SHARED_TRACES = Path("/work/shared/traces")
+
+LLAMA3_8B = {
+    "name": "llama3_8b",
+    "num_layers": 32,
+    "hidden_size": 4096,
+    "num_attention_heads": 32,
+    "num_kv_heads": 8,
+    "head_dim": 128,
+    "intermediate_size": 14336,
+    "vocab_size": 128256,
+    "num_params_b": 8.03,
+}
+H100 = {
+    "name": "h100_sxm",
+    "hbm_gb": 80,
+    "hbm_bandwidth_tbps": 3.35,
+    "bf16_tflops": 989,
+    "fp8_tflops": 1979,
+    "nvlink_gbps": 900,
+    "host_link_gbps": 64,
+}
+BASE: dict[str, Any] = {
+    "llm": LLAMA3_8B,
+    "hardware": H100,
+    "engine": {"kind": "vllm"},
+    "workload": {"kind": "mooncake", "path": "unset"},
+    "output": {"progress": "off"},
+}
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict) and "kind" not in v:
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def make_config(**sections: Any) -> RunConfig:
+    """A validated RunConfig: BASE with each given section merged in (a section that names a
+    `kind` replaces the default one)."""
+    return validate_config(_merge(BASE, sections))
+
+
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture
+def config() -> Callable[..., RunConfig]:
+    return make_config
+
+
+@pytest.fixture
+def trace(tmp_path: Path) -> Callable[[list[dict[str, Any]]], str]:
+    """Write rows as a Mooncake JSONL file; returns its path."""
+    counter = iter(range(1_000_000))
+
+    def write(rows: list[dict[str, Any]]) -> str:
+        return str(write_jsonl(tmp_path / f"trace{next(counter)}.jsonl", rows))
+
+    return write

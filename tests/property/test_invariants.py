@@ -1,0 +1,161 @@
+"""Invariants over random traces and engine settings: nothing lost, blocks conserved,
+timestamps monotone, levels within capacity, same seed same answer."""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from model import simulate
+from conftest import make_config
+
+rows_strategy = st.lists(
+    st.tuples(
+        st.integers(0, 400),  # gap to previous arrival, ms
+        st.integers(1, 300),  # input length
+        st.integers(0, 40),  # output length
+        st.integers(0, 3),  # prefix family
+    ),
+    min_size=1,
+    max_size=25,
+)
+engine_strategy = st.fixed_dictionaries(
+    {
+        "num_gpu_blocks": st.integers(4, 120),
+        "block_size": st.sampled_from([2, 4, 16]),
+        "max_num_batched_tokens": st.sampled_from([16, 64, 256, 8192]),
+        "max_num_seqs": st.sampled_from([1, 2, 8, 256]),
+        "enable_prefix_caching": st.booleans(),
+        "enable_chunked_prefill": st.booleans(),
+        "preemption_mode": st.sampled_from(["lifo", "fifo"]),
+    }
+)
+
+
+def write_rows(rows) -> str:
+    t = 0
+    lines = []
+    for gap, n_in, n_out, fam in rows:
+        t += gap
+        n_blocks = -(-n_in // 16)
+        ids = [fam * 1000 + k for k in range(n_blocks // 2)] + [
+            10_000 + t * 100 + k for k in range(n_blocks - n_blocks // 2)
+        ]
+        lines.append({"timestamp": t, "input_length": n_in, "output_length": n_out, "hash_ids": ids})
+    f = tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False)
+    f.write("".join(json.dumps(x) + "\n" for x in lines))
+    f.close()
+    return f.name
+
+
+def run(rows, engine, workers, stop_ms=None, timing="fixed"):
+    path = write_rows(rows)
+    try:
+        cfg = make_config(
+            workload={"kind": "mooncake", "path": path, "trace_block_size": 16},
+            engine=engine,
+            timing={"kind": "fixed", "prefill_ms": 7.0, "decode_ms": 3.0}
+            if timing == "fixed"
+            else {"kind": "polynomial"},
+            topology={"num_workers": workers},
+            stop={"max_virtual_time_ms": stop_ms},
+            output={"progress": "off", "kv_events": True},
+        )
+        return simulate(cfg)
+    finally:
+        Path(path).unlink()
+
+
+COMMON = settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+
+
+@COMMON
+@given(rows=rows_strategy, engine=engine_strategy, workers=st.integers(1, 3))
+def test_no_request_lost_and_blocks_conserved(rows, engine, workers):
+    r = simulate_checked(rows, engine, workers)
+    req = r.requests
+    assert len(req) == len(rows)
+    assert set(req.terminal_status) <= {"completed", "rejected"}
+    done = req[req.terminal_status == "completed"]
+    assert (done.output_length == done.requested_output_length).all()
+    # every pool ends empty of active blocks, and never exceeds capacity
+    kv = r.kv
+    last = kv.groupby("pool").tail(1)
+    assert (last.used_blocks == 0).all()
+    assert ((kv.used_blocks + kv.cached_blocks) <= engine["num_gpu_blocks"]).all()
+    assert (kv.used_blocks >= 0).all() and (kv.cached_blocks >= 0).all()
+
+
+def simulate_checked(rows, engine, workers, stop_ms=None):
+    r = run(rows, engine, workers, stop_ms)
+    req = r.requests
+    s = r.summary
+    counts = s["terminal_status_counts"]
+    assert sum(counts.values()) == len(rows)
+    assert s["completed_requests"] + s["rejected_requests"] + s["incomplete_requests"] == (
+        s["num_requests"]
+    )
+    # timestamps monotone per request
+    tok = req[req.output_length > 0]
+    assert (tok.first_admit_ms >= tok.arrival_ms).all()
+    assert (tok.first_token_ms >= tok.first_admit_ms).all()
+    assert (tok.last_token_ms >= tok.first_token_ms).all()
+    ended = req[req.terminal_status == "completed"]
+    assert (ended.terminal_ms >= ended.arrival_ms).all()
+    # passes of one worker do not overlap
+    for _, g in r.passes.groupby("worker"):
+        starts = g.start_ms.to_numpy()
+        ends = g.end_ms.to_numpy()
+        assert (ends >= starts).all()
+        assert (starts[1:] >= ends[:-1] - 1e-9).all()
+    return r
+
+
+@COMMON
+@given(rows=rows_strategy, engine=engine_strategy, cut=st.floats(1.0, 2000.0))
+def test_cutoff_loses_nothing(rows, engine, cut):
+    r = simulate_checked(rows, engine, 2, stop_ms=cut)
+    req = r.requests
+    assert set(req.terminal_status) <= {"completed", "rejected", "incomplete"}
+    done = req[req.terminal_status == "completed"]
+    assert (done.terminal_ms <= cut).all()
+
+
+@settings(max_examples=15, deadline=None)
+@given(rows=rows_strategy, engine=engine_strategy)
+def test_same_config_same_answer(rows, engine):
+    a = run(rows, engine, 2, timing="polynomial")
+    b = run(rows, engine, 2, timing="polynomial")
+    pd.testing.assert_frame_equal(a.requests, b.requests)
+    pd.testing.assert_frame_equal(a.passes, b.passes)
+    sa = {k: v for k, v in a.summary.items() if "wall" not in k and "per_s" not in k and k != "metadata"}
+    sb = {k: v for k, v in b.summary.items() if "wall" not in k and "per_s" not in k and k != "metadata"}
+    assert json.dumps(sa, sort_keys=True) == json.dumps(sb, sort_keys=True)
+
+
+@COMMON
+@given(rows=rows_strategy, engine=engine_strategy)
+def test_kv_events_balance(rows, engine):
+    """Every `removed` follows a `stored` of the same block; what is still stored at the end
+    is exactly what the pools still cache."""
+    r = run(rows, engine, 1)
+    ev = r.kv_events
+    live: set[int] = set()
+    for kind, h in zip(ev.kind, ev.block_hash, strict=True):
+        if kind == "stored":
+            assert h not in live
+            live.add(h)
+        else:
+            assert h in live
+            live.remove(h)
+    if not engine["enable_prefix_caching"]:
+        assert len(ev) == 0
+    assert not math.isnan(r.summary["duration_ms"])
