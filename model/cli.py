@@ -23,7 +23,13 @@ from model.config.load import ConfigError, validate_config
 from model.sim import simulate
 from model.workload.errors import TraceError
 
-ROWS = (("TTFT", "ttft"), ("TTST", "ttst"), ("TPOT", "tpot"), ("ITL", "itl"), ("E2E", "e2e_latency"))
+ROWS = (
+    ("TTFT", "ttft"),
+    ("TTST", "ttst"),
+    ("TPOT", "tpot"),
+    ("ITL", "itl"),
+    ("E2E", "e2e_latency"),
+)
 
 
 def _fmt(x: Any) -> str:

@@ -231,6 +231,4 @@ def simulate(cfg: RunConfig) -> Result:
         "config": cfg.model_dump(mode="json"),
     }
     token_times = {k: np.frombuffer(v, dtype=float) for k, v in recorder.token_times.items()}
-    return Result(
-        cfg, summary, requests, passes, kv, kv_events_table(recorder), token_times
-    )
+    return Result(cfg, summary, requests, passes, kv, kv_events_table(recorder), token_times)

@@ -14,10 +14,17 @@ class ConfigError(ValueError):
     """A config value is missing, unknown, of the wrong type or out of range."""
 
 
+# Fields holding a union chosen by `kind`: pydantic puts the chosen member's tag in the error
+# location (('timing', 'fixed', 'prefill_ms')) where the user wrote timing.prefill_ms.
+TAGGED_UNIONS = {"timing", "router", "workload", "load"}
+
+
 def _path(loc: tuple[Any, ...]) -> str:
-    # pydantic puts the discriminator tag of a union member in the location
-    # (e.g. ('timing', 'fixed', 'prefill_ms')); the user wrote timing.prefill_ms.
-    parts = [str(p) for p in loc]
+    parts: list[str] = []
+    for i, p in enumerate(loc):
+        if i > 0 and loc[i - 1] in TAGGED_UNIONS and i == 1:
+            continue
+        parts.append(str(p))
     return ".".join(parts)
 
 

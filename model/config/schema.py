@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
@@ -288,6 +288,14 @@ class OutputConfig(Schema):
     progress: Literal["auto", "on", "off"] = Field(
         "auto", description="progress bar over requests; auto = only on a terminal"
     )
+
+    @field_validator("progress", mode="before")
+    @classmethod
+    def _yaml_booleans(cls, v: object) -> object:
+        # YAML 1.1 reads a bare on/off as a boolean
+        if isinstance(v, bool):
+            return "on" if v else "off"
+        return v
 
 
 class RunConfig(Schema):

@@ -27,7 +27,6 @@ from model.kv.block_pool import BlockPool
 from model.workload.hashing import BlockHasher
 from model.workload.request import Request, Status
 
-
 OK = 0
 BLOCKED = -1
 SELF_PREEMPTED = -2
@@ -48,8 +47,18 @@ class Batch:
     pass's prefill (it adds no decode time).
     """
 
-    __slots__ = ("items", "n_prefill", "sum_prefill_isl", "sum_prefix", "prefill_tokens",
-                 "n_decode", "sum_decode_context", "n_preempted", "active_blocks", "rejected")
+    __slots__ = (
+        "items",
+        "n_prefill",
+        "sum_prefill_isl",
+        "sum_prefix",
+        "prefill_tokens",
+        "n_decode",
+        "sum_decode_context",
+        "n_preempted",
+        "active_blocks",
+        "rejected",
+    )
 
     def __init__(self) -> None:
         self.items: list[tuple[Request, int, int, int]] = []
@@ -284,9 +293,7 @@ class VllmScheduler:
     def _never_fits(self, req: Request) -> str:
         cfg = self.cfg
         if cfg.max_model_len is not None and req.input_length >= cfg.max_model_len:
-            return (
-                f"prompt of {req.input_length} tokens reaches max_model_len {cfg.max_model_len}"
-            )
+            return f"prompt of {req.input_length} tokens reaches max_model_len {cfg.max_model_len}"
         blocks = -(-req.input_length // self.block_size)
         if blocks > self.pool.capacity_blocks:
             return (

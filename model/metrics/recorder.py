@@ -151,9 +151,5 @@ class Recorder:
     def kv_event(
         self, t_ms: float, worker: int, dp_rank: int, kind: str, tier: str, block_hash: int
     ) -> None:
-        self.kv_events.append(
-            (t_ms, worker, dp_rank, self._n_kv_events, kind, tier, block_hash)
-        )
+        self.kv_events.append((t_ms, worker, dp_rank, self._n_kv_events, kind, tier, block_hash))
         self._n_kv_events += 1
-
-

@@ -9,11 +9,11 @@ import tempfile
 from pathlib import Path
 
 import pandas as pd
+from conftest import make_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from model import simulate
-from conftest import make_config
 
 rows_strategy = st.lists(
     st.tuples(
@@ -47,7 +47,9 @@ def write_rows(rows) -> str:
         ids = [fam * 1000 + k for k in range(n_blocks // 2)] + [
             10_000 + t * 100 + k for k in range(n_blocks - n_blocks // 2)
         ]
-        lines.append({"timestamp": t, "input_length": n_in, "output_length": n_out, "hash_ids": ids})
+        lines.append(
+            {"timestamp": t, "input_length": n_in, "output_length": n_out, "hash_ids": ids}
+        )
     f = tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False)
     f.write("".join(json.dumps(x) + "\n" for x in lines))
     f.close()
@@ -72,9 +74,7 @@ def run(rows, engine, workers, stop_ms=None, timing="fixed"):
         Path(path).unlink()
 
 
-COMMON = settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+COMMON = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @COMMON
@@ -100,8 +100,9 @@ def simulate_checked(rows, engine, workers, stop_ms=None):
     s = r.summary
     counts = s["terminal_status_counts"]
     assert sum(counts.values()) == len(rows)
-    assert s["completed_requests"] + s["rejected_requests"] + s["incomplete_requests"] == (
-        s["num_requests"]
+    assert (
+        s["completed_requests"] + s["rejected_requests"] + s["incomplete_requests"]
+        == (s["num_requests"])
     )
     # timestamps monotone per request
     tok = req[req.output_length > 0]
@@ -136,8 +137,16 @@ def test_same_config_same_answer(rows, engine):
     b = run(rows, engine, 2, timing="polynomial")
     pd.testing.assert_frame_equal(a.requests, b.requests)
     pd.testing.assert_frame_equal(a.passes, b.passes)
-    sa = {k: v for k, v in a.summary.items() if "wall" not in k and "per_s" not in k and k != "metadata"}
-    sb = {k: v for k, v in b.summary.items() if "wall" not in k and "per_s" not in k and k != "metadata"}
+    sa = {
+        k: v
+        for k, v in a.summary.items()
+        if "wall" not in k and "per_s" not in k and k != "metadata"
+    }
+    sb = {
+        k: v
+        for k, v in b.summary.items()
+        if "wall" not in k and "per_s" not in k and k != "metadata"
+    }
     assert json.dumps(sa, sort_keys=True) == json.dumps(sb, sort_keys=True)
 
 

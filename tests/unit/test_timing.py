@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from tests_support import H100_CFG, LLAMA8B_CFG
 
 from model.config.schema import (
     FixedTiming,
@@ -17,7 +18,6 @@ from model.timing.fixed import Fixed
 from model.timing.interpolated import Interpolated
 from model.timing.polynomial import Polynomial
 from model.timing.roofline import Roofline
-from tests_support import H100_CFG, LLAMA8B_CFG
 
 
 def p(t: float) -> float:

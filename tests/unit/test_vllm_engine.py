@@ -38,7 +38,11 @@ def test_mixed_passes_and_chunked_prefill(config, trace):
     r = run(
         config,
         trace,
-        [row(0, 100, 20, uniq(0, 2)), row(55, 100, 5, uniq(10, 2)), row(56, 20000, 3, uniq(20, 313))],
+        [
+            row(0, 100, 20, uniq(0, 2)),
+            row(55, 100, 5, uniq(10, 2)),
+            row(56, 20000, 3, uniq(20, 313)),
+        ],
     ).requests.set_index("request_id")
     assert r.loc["1", "first_token_ms"] == 50
     assert r.loc["2", "first_admit_ms"] == 60, "an arrival mid-pass waits for the pass boundary"

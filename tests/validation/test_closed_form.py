@@ -23,8 +23,13 @@ def test_lone_request_takes_prefill_plus_decodes(config, trace, n_in, n_out):
     sequence's length before the pass (the mocker's polynomial, nanosecond-rounded)."""
     ids = list(range(-(-n_in // 64)))
     cfg = config(
-        workload={"kind": "mooncake", "path": trace([{"timestamp": 0, "input_length": n_in,
-                  "output_length": n_out, "hash_ids": ids}]), "trace_block_size": 64},
+        workload={
+            "kind": "mooncake",
+            "path": trace(
+                [{"timestamp": 0, "input_length": n_in, "output_length": n_out, "hash_ids": ids}]
+            ),
+            "trace_block_size": 64,
+        },
         engine={"num_gpu_blocks": 16384},
     )
     req = simulate(cfg).requests.iloc[0]
@@ -38,8 +43,20 @@ def test_lone_request_takes_prefill_plus_decodes(config, trace, n_in, n_out):
 
 def test_fixed_timing_lone_request(config, trace):
     cfg = config(
-        workload={"kind": "mooncake", "path": trace([{"timestamp": 0, "input_length": 300,
-                  "output_length": 7, "hash_ids": [1, 2, 3, 4, 5]}]), "trace_block_size": 64},
+        workload={
+            "kind": "mooncake",
+            "path": trace(
+                [
+                    {
+                        "timestamp": 0,
+                        "input_length": 300,
+                        "output_length": 7,
+                        "hash_ids": [1, 2, 3, 4, 5],
+                    }
+                ]
+            ),
+            "trace_block_size": 64,
+        },
         timing={"kind": "fixed", "prefill_ms": 12.5, "decode_ms": 3.0},
     )
     req = simulate(cfg).requests.iloc[0]
@@ -87,6 +104,8 @@ def test_littles_law_on_the_request_table(config):
     t_end = r.terminal_ms.max()
     sojourn = r.terminal_ms - r.arrival_ms
     grid = np.linspace(0, t_end, 20001)
-    in_system = ((r.arrival_ms.to_numpy()[:, None] <= grid) & (grid < r.terminal_ms.to_numpy()[:, None])).sum(axis=0)
+    in_system = (
+        (r.arrival_ms.to_numpy()[:, None] <= grid) & (grid < r.terminal_ms.to_numpy()[:, None])
+    ).sum(axis=0)
     lam = len(r) / t_end
     assert in_system.mean() == pytest.approx(lam * sojourn.mean(), rel=0.02)

@@ -1,0 +1,107 @@
+"""Every shipped config composes and validates; bad overrides fail naming the config path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from model.cli import run
+from model.config import ConfigError, validate_config
+from model.config.derived import kv_bytes_per_token, num_gpu_blocks
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+GROUPS = {
+    g: sorted(p.stem for p in (CONF / g).glob("*.yaml"))
+    for g in ("llm", "hardware", "engine", "timing", "topology", "router", "workload", "load")
+}
+
+
+def composed(overrides: list[str]):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=overrides)
+
+
+def validated(overrides: list[str], tmp_path: Path):
+    cfg = composed(overrides)
+    if OmegaConf.is_missing(cfg.workload, "path"):
+        trace = tmp_path / "t.jsonl"
+        trace.write_text(
+            '{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n'
+        )
+        cfg = composed([*overrides, f"workload.path={trace}"])
+    return validate_config(OmegaConf.to_container(cfg, resolve=True))
+
+
+def test_default_composes_and_validates(tmp_path):
+    cfg = validated([], tmp_path)
+    assert cfg.workload.kind == "synthetic" and cfg.topology.num_workers >= 1
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_every_experiment_composes_and_validates(name, tmp_path):
+    validated([f"experiment={name}"], tmp_path)
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g, opts in GROUPS.items() for o in opts])
+def test_every_group_option_validates(group, option, tmp_path):
+    cfg = validated([f"{group}={option}"], tmp_path)
+    assert getattr(cfg, group) is not None
+
+
+def test_dynamo_compat_sets_the_mocker_defaults(tmp_path):
+    cfg = validated(["experiment=dynamo_compat"], tmp_path)
+    e = cfg.engine
+    assert (e.num_gpu_blocks, e.block_size, e.max_num_seqs, e.max_num_batched_tokens) == (
+        16384,
+        64,
+        256,
+        8192,
+    )
+    assert e.enable_prefix_caching and e.enable_chunked_prefill and e.preemption_mode == "lifo"
+    assert cfg.timing.kind == "polynomial" and cfg.router.kind == "round_robin"
+
+
+def test_llama_8b_kv_bytes_per_token(tmp_path):
+    cfg = validated(["llm=llama3_8b"], tmp_path)
+    assert kv_bytes_per_token(cfg.llm) == 131_072
+
+
+def test_num_gpu_blocks_derived_from_hbm(tmp_path):
+    """(80 GB x 0.9 - 16.06 GB weights - 2 GB reserve) / (64 x 131,072 B) = 6,430 blocks."""
+    cfg = validated(["engine.num_gpu_blocks=null"], tmp_path)
+    assert num_gpu_blocks(cfg) == 6430
+    cfg = validated(["engine.num_gpu_blocks=null", "hardware=h200_sxm"], tmp_path)
+    assert num_gpu_blocks(cfg) > 6430
+    with pytest.raises(ValueError, match="engine.num_gpu_blocks"):
+        num_gpu_blocks(validated(["engine.num_gpu_blocks=null", "llm=llama3_70b"], tmp_path))
+
+
+@pytest.mark.parametrize(
+    "override,path",
+    [
+        ("engine.block_size=1", "engine.block_size"),
+        ("engine.max_num_seqs=0", "engine.max_num_seqs"),
+        ("engine.preemption_mode=random", "engine.preemption_mode"),
+        ("topology.num_workers=0", "topology.num_workers"),
+        ("timing.prefill_a=abc", "timing.prefill_a"),
+        ("load.arrival_speedup_ratio=-1", "load.arrival_speedup_ratio"),
+        ("+engine.bogus=3", "engine.bogus"),
+    ],
+)
+def test_bad_values_name_their_config_path(override, path, tmp_path):
+    with pytest.raises(ConfigError, match=path.replace(".", r"\.")):
+        validated([override], tmp_path)
+
+
+def test_unknown_override_key_is_rejected_by_hydra():
+    with pytest.raises(Exception, match="engine.bogus"):
+        composed(["engine.bogus=3"])
+
+
+def test_missing_trace_path_names_the_key(tmp_path):
+    with pytest.raises(ConfigError, match="workload.path"):
+        run(composed(["workload=mooncake"]), str(tmp_path))

@@ -1,0 +1,127 @@
+"""The `servesim` console script: the shipped default, a trace replay writing its run
+directory, a multirun sweep, and bad input exiting with a message that names the culprit."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from model.cli import format_summary
+
+SCRIPT = Path(sys.executable).parent / "servesim"
+if not SCRIPT.exists():
+    SCRIPT = Path(shutil.which("servesim") or "servesim")
+
+ROWS = [
+    {"timestamp": 0, "input_length": 1000, "output_length": 5, "hash_ids": [1, 2]},
+    {"timestamp": 10, "input_length": 700, "output_length": 3, "hash_ids": [1, 3]},
+    {"timestamp": 25, "input_length": 300, "output_length": 0, "hash_ids": [4]},
+]
+
+
+def servesim(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(SCRIPT), *args], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.fixture
+def tiny_trace(tmp_path: Path) -> Path:
+    path = tmp_path / "tiny.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    return path
+
+
+def test_default_run_prints_a_summary_and_writes_tables(tmp_path):
+    out = servesim("hydra.run.dir=run", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "TTFT" in out.stdout and "completed" in out.stdout
+    run = tmp_path / "run"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["completed_requests"] == summary["num_requests"] > 0
+    for table in ("requests", "passes", "kv"):
+        assert len(pd.read_parquet(run / f"{table}.parquet")) > 0
+
+
+def test_trace_replay_writes_the_run_directory(tmp_path, tiny_trace):
+    out = servesim(
+        "experiment=dynamo_compat",
+        "workload=mooncake",
+        f"workload.path={tiny_trace}",
+        "topology.num_workers=2",
+        "output.per_request_jsonl=true",
+        "hydra.run.dir=out",
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    run = tmp_path / "out"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["num_requests"] == 3
+    assert summary["metadata"]["num_workers"] == 2
+    assert summary["metadata"]["config"]["engine"]["num_gpu_blocks"] == 16384
+    records = [json.loads(x) for x in (run / "requests.jsonl").read_text().splitlines()]
+    assert [r["input_length"] for r in records] == [1000, 700, 300]
+    assert {"arrival_time_ms", "ttft_ms", "itl_ms", "reused_input_tokens"} <= set(records[0])
+    req = pd.read_parquet(run / "requests.parquet")
+    assert list(req.decode_worker_idx) == [0, 1, 0]
+
+
+def test_multirun_sweeps_each_value(tmp_path, tiny_trace):
+    out = servesim(
+        "--multirun",
+        "workload=mooncake",
+        f"workload.path={tiny_trace}",
+        "topology.num_workers=1,2",
+        "hydra.sweep.dir=sweep",
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    summaries = sorted((tmp_path / "sweep").glob("*/summary.json"))
+    assert len(summaries) == 2
+    workers = sorted(json.loads(p.read_text())["metadata"]["num_workers"] for p in summaries)
+    assert workers == [1, 2]
+
+
+def test_bad_config_value_exits_2_naming_the_path(tmp_path):
+    out = servesim("engine.max_num_seqs=0", "hydra.run.dir=x", cwd=tmp_path)
+    assert out.returncode == 2
+    assert "engine.max_num_seqs" in out.stderr
+
+
+def test_malformed_trace_exits_2_naming_file_and_line(tmp_path, tiny_trace):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(tiny_trace.read_text() + '{"timestamp": 30, "output_length": 2}\n')
+    out = servesim("workload=mooncake", f"workload.path={bad}", "hydra.run.dir=x", cwd=tmp_path)
+    assert out.returncode == 2
+    assert f"{bad}:4" in out.stderr and "missing hash_ids" in out.stderr
+
+
+def test_empty_trace_says_so(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    out = servesim("workload=mooncake", f"workload.path={empty}", "hydra.run.dir=x", cwd=tmp_path)
+    assert out.returncode == 2 and "did not contain any requests" in out.stderr
+
+
+def test_format_summary_lists_counts_and_latencies():
+    text = format_summary(
+        {
+            "num_requests": 3,
+            "terminal_status_counts": {"completed": 2, "rejected": 1},
+            "duration_ms": 1500.0,
+            "wall_time_ms": 20.0,
+            "request_throughput_rps": 1.3,
+            "output_throughput_tok_s": 10.0,
+            "total_throughput_tok_s": 100.0,
+            "prefix_cache_reused_ratio": 0.25,
+            "mean_ttft_ms": 12.5,
+            "median_ttft_ms": None,
+        }
+    )
+    assert "2 completed, 1 rejected" in text and "12.50" in text and "0.2500" in text
