@@ -71,8 +71,7 @@ def build_workload(
     by_id: dict[str, Session] = {}
     prev_ts: dict[str, float | None] = {}
     source = getattr(cfg, "path", "synthetic workload")
-    idx = 0
-    for row in rows:
+    for idx, row in enumerate(rows):
         if tbs is None:
             prompt = hasher.unique_blocks(row.input_length // hasher.block_size)
         else:
@@ -96,7 +95,6 @@ def build_workload(
             turn_index=turn,
             delay_ms=delay,
         )
-        idx += 1
         if session is None:
             session = [req]
             sessions.append(session)

@@ -50,9 +50,8 @@ def write_rows(rows) -> str:
         lines.append(
             {"timestamp": t, "input_length": n_in, "output_length": n_out, "hash_ids": ids}
         )
-    f = tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False)
-    f.write("".join(json.dumps(x) + "\n" for x in lines))
-    f.close()
+    with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
+        f.write("".join(json.dumps(x) + "\n" for x in lines))
     return f.name
 
 
