@@ -19,6 +19,8 @@ cache reuse; duration; completed requests. Targets: latencies within 2 % (relati
 throughputs, duration and completed requests within 1 % (relative), prefix reuse within 0.01
 (absolute). The mocker's ITL percentiles come from a DDSketch (0.1 % error); servesim's are
 exact. Each side's wall time (the simulate / replay call alone) and their ratio are reported.
+With `--per-request` every servesim request is also joined with the mocker's per-request records
+(`report_jsonl_path`) and the differences are counted (informational).
 
 The mocker is imported if `dynamo._core` is importable here; otherwise it runs in its own
 interpreter (`--mocker-python`, default $SERVESIM_MOCKER_PYTHON, else
@@ -54,7 +56,7 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from model import RunConfig, simulate, validate_config
+from model import Result, RunConfig, simulate, validate_config
 from model.config import num_gpu_blocks
 from model.config.schema import (
     ConcurrencyLoad,
@@ -120,11 +122,11 @@ def compose_run_config(trace: Path, workers: int, overrides: Sequence[str] = ())
     return validate_config(cast(dict[str, Any], data))
 
 
-def run_servesim(cfg: RunConfig) -> tuple[dict[str, Any], float]:
-    """The run's summary and the wall time of `simulate` in seconds."""
+def run_servesim(cfg: RunConfig) -> tuple[Result, float]:
+    """The run's result and the wall time of `simulate` in seconds."""
     start = time.perf_counter()
     result = simulate(cfg)
-    return result.summary, time.perf_counter() - start
+    return result, time.perf_counter() - start
 
 
 # --------------------------------------------------------------------------- translation
@@ -206,7 +208,8 @@ class MockerRunner:
         return "in-process" if self.python is None else f"subprocess: {self.python}"
 
     def run(self, trace: Path, kwargs: dict[str, Any]) -> tuple[dict[str, Any], float, float]:
-        """The mocker's summary, the wall time of the replay call and of the whole run (s)."""
+        """The mocker's summary, the wall time of the replay call and of the whole run (s).
+        With `report_jsonl_path` in `kwargs` the mocker also writes its per-request records."""
         start = time.perf_counter()
         if self.python is None:
             out = _runner_module().run([str(trace)], kwargs)
@@ -296,9 +299,96 @@ def compare(servesim: dict[str, Any], mocker: dict[str, Any]) -> list[Row]:
         ours, ref = servesim.get(m.key), mocker.get(m.key)
         diff = difference(m.kind, ours, ref)
         target = TARGETS[m.kind]
-        ok = ours is None and ref is None if diff is None else abs(diff) <= target
+        ok = (ours is None and ref is None) if diff is None else abs(diff) <= target
         rows.append(Row(m.key, m.kind, ours, ref, diff, target, ok))
     return rows
+
+
+# --------------------------------------------------------------------------- per request
+
+TIME_ABS_MS = 1e-6
+TIME_REL = 1e-9
+
+
+@dataclass
+class PerRequest:
+    """servesim's requests joined with the mocker's report_jsonl_path records."""
+
+    joined: int
+    unmatched: int  # records of (input, output) groups whose sizes differ between the sides
+    off_tolerance: int  # arrival, first token or terminal off by > 1e-6 ms and 1e-9 relative
+    count_mismatches: int  # reused_input_tokens or output_length differ
+    worst_abs_ms: float
+
+    def line(self) -> str:
+        return (
+            f"per request: {self.joined:,} joined, {self.unmatched} unmatched; "
+            f"{self.off_tolerance} with a time off by > {TIME_ABS_MS:g} ms and {TIME_REL:g} "
+            f"relative (worst {self.worst_abs_ms:.2e} ms); {self.count_mismatches} with "
+            "different reused tokens or output length"
+        )
+
+
+def _servesim_records(result: Result) -> list[dict[str, Any]]:
+    df = result.requests
+    df = df[df["terminal_status"] != "incomplete"]
+    return [
+        {
+            "arrival_time_ms": float(r.arrival_ms),
+            "input_length": int(r.input_length),
+            "requested_output_length": int(r.requested_output_length),
+            "output_length": int(r.output_length),
+            "first_token_ms": None if math.isnan(r.first_token_ms) else float(r.first_token_ms),
+            "terminal_time_ms": float(r.terminal_ms),
+            "reused_input_tokens": int(r.reused_input_tokens),
+        }
+        for r in df.itertuples(index=False)
+    ]
+
+
+def _join_order(rec: dict[str, Any]) -> tuple[float, float, float]:
+    first = rec["first_token_ms"]
+    return (
+        round(rec["arrival_time_ms"], 3),
+        -1.0 if first is None else first,
+        rec["terminal_time_ms"],
+    )
+
+
+def per_request(result: Result, mocker_jsonl: Path) -> PerRequest:
+    """Join on (arrival, input length, requested output) -- the mocker writes no request id:
+    records are grouped on the two lengths and paired in (arrival, first token, terminal)
+    order, so equal keys pair in sorted order and computed arrivals may differ by float
+    rounding -- then compare times, reused tokens and output lengths."""
+    groups: dict[tuple[int, int], tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
+    with mocker_jsonl.open() as fh:
+        mocker = [json.loads(line) for line in fh if line.strip()]
+    for side, records in enumerate((_servesim_records(result), mocker)):
+        for rec in records:
+            key = (rec["input_length"], rec["requested_output_length"])
+            groups.setdefault(key, ([], []))[side].append(rec)
+    joined = unmatched = off = counts = 0
+    worst = 0.0
+    for ours, ref in groups.values():
+        if len(ours) != len(ref):
+            unmatched += len(ours) + len(ref)
+            continue
+        for a, b in zip(sorted(ours, key=_join_order), sorted(ref, key=_join_order), strict=True):
+            joined += 1
+            bad = False
+            for f in ("arrival_time_ms", "first_token_ms", "terminal_time_ms"):
+                x, y = a[f], b[f]
+                if x is None or y is None:
+                    bad |= (x is None) != (y is None)
+                    continue
+                worst = max(worst, abs(x - y))
+                bad |= not math.isclose(x, y, rel_tol=TIME_REL, abs_tol=TIME_ABS_MS)
+            off += bad
+            counts += any(a[f] != b[f] for f in ("reused_input_tokens", "output_length"))
+    return PerRequest(joined, unmatched, off, counts, worst)
+
+
+# --------------------------------------------------------------------------- cases
 
 
 @dataclass
@@ -314,6 +404,7 @@ class Case:
     servesim_summary: dict[str, Any] = field(repr=False)
     mocker_summary: dict[str, Any] = field(repr=False)
     label: str = ""  # the trace's name in tables: its file name unless that is ambiguous
+    per_request: PerRequest | None = None
 
     @property
     def ok(self) -> bool:
@@ -338,12 +429,27 @@ class Case:
 
 
 def run_case(
-    trace: Path, workers: int, overrides: Sequence[str], runner: MockerRunner, label: str = ""
+    trace: Path,
+    workers: int,
+    overrides: Sequence[str],
+    runner: MockerRunner,
+    label: str = "",
+    check_requests: bool = False,
 ) -> Case:
     cfg = compose_run_config(trace, workers, overrides)
     kwargs = mocker_kwargs(cfg)
-    servesim, servesim_wall = run_servesim(cfg)
-    mocker, mocker_wall, mocker_process_wall = runner.run(trace, kwargs)
+    result, servesim_wall = run_servesim(cfg)
+    servesim = result.summary
+    joined = None
+    if check_requests:
+        with tempfile.TemporaryDirectory(prefix="compare_dynamo_") as tmp:
+            report = Path(tmp) / "requests.jsonl"
+            mocker, mocker_wall, mocker_process_wall = runner.run(
+                trace, {**kwargs, "report_jsonl_path": str(report)}
+            )
+            joined = per_request(result, report)
+    else:
+        mocker, mocker_wall, mocker_process_wall = runner.run(trace, kwargs)
     return Case(
         trace=str(trace),
         workers=workers,
@@ -356,6 +462,7 @@ def run_case(
         servesim_summary=servesim,
         mocker_summary=mocker,
         label=label or trace.name,
+        per_request=joined,
     )
 
 
@@ -431,6 +538,8 @@ def text_table(case: Case) -> str:
         if k == 0:
             out.append("  ".join("-" * w for w in widths))
     out.append(wall_line(case))
+    if case.per_request is not None:
+        out.append(case.per_request.line())
     out.append(
         "all targets met"
         if case.ok
@@ -483,9 +592,12 @@ def markdown(cases: Sequence[Case], overrides: Sequence[str]) -> str:
             )
         )
     for c in cases:
-        out += ["", f"#### {c.title}", "", _md_row(HEADER), _md_row(["---", *["---:"] * 5])]
+        out += ["", f"### {c.title}", "", _md_row(HEADER), _md_row(["---", *["---:"] * 5])]
         out += [_md_row(_cells(r)) for r in c.rows]
         out += ["", wall_line(c) + "."]
+        if c.per_request is not None:
+            line = c.per_request.line()
+            out += ["", line[0].upper() + line[1:] + "."]
     return "\n".join(out) + "\n"
 
 
@@ -514,6 +626,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, help="write every case (rows, summaries) as JSON")
     ap.add_argument("--markdown", type=Path, help="write the tables as Markdown")
     ap.add_argument(
+        "--per-request",
+        action="store_true",
+        help="also join every request with the mocker's report_jsonl_path records and count "
+        "differences (informational; the mocker's wall time then includes writing them)",
+    )
+    ap.add_argument(
         "--mocker-python",
         help="interpreter with dynamo._core when it is not importable here "
         "(default: $SERVESIM_MOCKER_PYTHON, else /work/venvs/dynamo/bin/python)",
@@ -539,7 +657,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not trace.is_file():
                 raise FileNotFoundError(f"trace {trace} does not exist")
             for n in workers:
-                case = run_case(trace, n, args.override, runner, label)
+                case = run_case(trace, n, args.override, runner, label, args.per_request)
                 print(text_table(case) + "\n", flush=True)
                 cases.append(case)
     except (RuntimeError, OSError, ValueError, HydraException, OmegaConfBaseException) as e:

@@ -9,6 +9,8 @@ insertion); these helpers schedule an event in a given phase.
 
 from __future__ import annotations
 
+from heapq import heappush
+
 import simpy
 from simpy.events import Event
 
@@ -21,10 +23,36 @@ TELEMETRY = 2
 PASS_START = 3
 
 
-def at(env: simpy.Environment, delay_ms: float, phase: int) -> Event:
+def at(env: simpy.Environment, delay_ms: float, phase: int | float) -> Event:
     """An event that fires `delay_ms` from now, in `phase` among same-instant events."""
     ev = Event(env)
     ev._ok = True
     ev._value = None
     env.schedule(ev, phase, delay_ms)
+    return ev
+
+
+class Environment(simpy.Environment):
+    """SimPy's environment, plus events at an absolute time.
+
+    `now + (t - now)` is not always `t` in floating point, and the model computes pass ends
+    and arrivals as absolute times (as the mocker does); this lands them exactly.
+    """
+
+    def schedule_at(self, event: Event, priority: int | float, t_ms: float) -> None:
+        if t_ms < self._now:
+            raise ValueError(f"cannot schedule at {t_ms} ms, before now ({self._now} ms)")
+        # the same heap entry SimPy's own schedule() makes, with the time given directly
+        heappush(self._queue, (t_ms, priority, next(self._eid), event))
+
+
+def at_time(env: simpy.Environment, t_ms: float, phase: int | float) -> Event:
+    """An event that fires at exactly `t_ms`, in `phase` among same-instant events."""
+    ev = Event(env)
+    ev._ok = True
+    ev._value = None
+    if isinstance(env, Environment):
+        env.schedule_at(ev, phase, t_ms)
+    else:
+        env.schedule(ev, phase, t_ms - env.now)  # type: ignore[arg-type]
     return ev

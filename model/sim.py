@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 import simpy
 
+from model.clock import Environment
 from model.cluster.aggregated import AggregatedCluster
 from model.config.derived import kv_bytes_per_token, num_gpu_blocks
 from model.config.schema import ConcurrencyLoad, RunConfig
@@ -169,14 +170,15 @@ def simulate(cfg: RunConfig) -> Result:
     hasher = BlockHasher(cfg.engine.block_size)
     workload = build_workload(cfg.workload, cfg.load, hasher, streams)
 
-    env = simpy.Environment()
+    env = Environment()
     recorder = Recorder(per_token=cfg.output.per_token)
     cluster = AggregatedCluster(env, cfg, hasher, recorder, streams["router"])
     load = cfg.load
     if isinstance(load, ConcurrencyLoad):
         closed_loop(env, workload.sessions, cluster.dispatch, load.concurrency)
     else:
-        env.process(open_loop(env, workload.sessions, cluster.dispatch))
+        cluster.completion_dispatches = any(len(s) > 1 for s in workload.sessions)
+        env.process(open_loop(env, workload.sessions, cluster.dispatch, cluster.announce_arrival))
     _run(env, cluster, workload.num_requests, cfg)
 
     # whatever has not ended was cut off by the stop time
@@ -200,6 +202,9 @@ def simulate(cfg: RunConfig) -> Result:
         num_workers=cfg.topology.num_workers,
         gpus_per_worker=cfg.engine.tp_size,
         wall_time_ms=wall_ms,
+    )
+    summary["committed_prefill_tokens"] = sum(
+        w.scheduler.n_committed_prefill_tokens for w in cluster.workers
     )
     summary["n_preemptions"] = int(passes["preemptions"].sum()) if len(passes) else 0
     summary["n_passes"] = int(len(passes))

@@ -4,6 +4,7 @@ request in the recorder and wake whoever waits on it."""
 
 from __future__ import annotations
 
+import math
 from array import array
 
 import numpy as np
@@ -34,6 +35,11 @@ class AggregatedCluster:
         self.recorder = recorder
         self.n_in_flight = 0
         self.n_dispatched = 0
+        # when a completion can trigger a dispatch (closed loop, multi-turn sessions) any event
+        # may reach a worker; otherwise only the driver's next arrival or the stop time can
+        self.completion_dispatches = True
+        self.next_arrival_ms = math.inf
+        self.stop_ms = cfg.stop.max_virtual_time_ms or math.inf
         blocks = num_gpu_blocks(cfg)
         step_time = build_step_time(cfg)
         self.workers: list[Worker] = []
@@ -41,9 +47,30 @@ class AggregatedCluster:
             pool = BlockPool(blocks, cfg.engine.enable_prefix_caching, cfg.output.kv_events)
             sched = VllmScheduler(cfg.engine, pool, hasher, self._admitted)
             self.workers.append(
-                Worker(env, w, sched, step_time, recorder, self._completed, self._rejected)
+                Worker(
+                    env,
+                    w,
+                    sched,
+                    step_time,
+                    recorder,
+                    self._completed,
+                    self._rejected,
+                    cfg.topology.num_workers,
+                    self.horizon,
+                    cfg.engine.fast_forward,
+                )
             )
         self.router = build_router(cfg.router, len(self.workers), router_rng)
+
+    def horizon(self) -> float:
+        """The earliest time a request could next reach any worker."""
+        if self.completion_dispatches:
+            return self.env.peek()
+        return min(self.next_arrival_ms, self.stop_ms)
+
+    def announce_arrival(self, t_ms: float) -> None:
+        """The open-loop driver's next dispatch time (inf when it has no more)."""
+        self.next_arrival_ms = t_ms
 
     def dispatch(self, req: Request) -> None:
         """A request arrives now: stamp it and hand it to the worker the router picks."""
@@ -53,9 +80,9 @@ class AggregatedCluster:
         self.n_dispatched += 1
         self.workers[self.router.route(req)].submit(req)
 
-    def _admitted(self, req: Request, reused_tokens: int) -> None:
+    def _admitted(self, req: Request, reused_tokens: int, now_ms: float) -> None:
         if req.n_admissions == 1:
-            req.first_admit_ms = self.env.now
+            req.first_admit_ms = now_ms
             req.first_admission_reused_tokens = reused_tokens
         if reused_tokens > req.reused_input_tokens:
             req.reused_input_tokens = reused_tokens

@@ -81,7 +81,7 @@ class VllmScheduler:
         cfg: VllmEngineConfig,
         pool: BlockPool,
         hasher: BlockHasher,
-        on_admit: Callable[[Request, int], None],
+        on_admit: Callable[[Request, int, float], None],
     ) -> None:
         self.cfg = cfg
         self.block_size = cfg.block_size
@@ -91,6 +91,8 @@ class VllmScheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.n_preemptions = 0
+        # tokens each admission set out to compute (its sequence minus its prefix hit)
+        self.n_committed_prefill_tokens = 0
 
     # ------------------------------------------------------------------ queue
 
@@ -107,13 +109,9 @@ class VllmScheduler:
         prompt = req.prompt_hashes
         if j < len(prompt):
             return prompt[j]
-        k = j - len(prompt)
-        out = req.output_hashes
-        if k >= len(out):
-            # a block holding generated tokens (or the prompt's tail with them): content
-            # nothing else shares, as with the mocker's pseudo-random output tokens
-            out.extend(self.hasher.unique_blocks(k + 1 - len(out)))
-        return out[k]
+        # a block holding generated tokens (or the prompt's tail with them): content nothing
+        # else shares, as with the mocker's pseudo-random output tokens
+        return self.hasher.unique_block(req.idx, j)
 
     def _known_hashes(self, req: Request) -> list[int]:
         """Hashes of every full block of the known sequence (prompt, then generated)."""
@@ -140,8 +138,15 @@ class VllmScheduler:
     def _register_full(self, req: Request) -> None:
         """Register every block that is now completely computed (visible to later requests)."""
         if self.pool.enable_caching:
-            for j in range(len(req.held_hashes), req.num_computed_tokens // self.block_size):
-                self.pool.register(req, self._block_hash(req, j))
+            first = len(req.held_hashes)
+            last = req.num_computed_tokens // self.block_size
+            if last <= first:
+                return
+            prompt = req.prompt_hashes
+            if last <= len(prompt):
+                self.pool.register_many(req, prompt[first:last])
+            else:
+                self.pool.register_many(req, [self._block_hash(req, j) for j in range(first, last)])
 
     def _preempt(self, victim: Request, batch: Batch) -> None:
         """Recompute preemption: all KV back, computed to 0, front of waiting; work it was
@@ -182,14 +187,147 @@ class VllmScheduler:
 
     # ------------------------------------------------------------------ one pass
 
-    def schedule(self) -> Batch:
+    def decode_pass(self) -> Batch | None:
+        """The next pass when nothing waits and every running request is one decode token
+        short of caught up, planned directly: the same batch `schedule` would form, for less
+        work. None when that is not the case (or a block would not fit): use `schedule`."""
+        if self.waiting:
+            return None
+        running = self.running
+        n = len(running)
+        if n == 0 or n > self.cfg.max_num_batched_tokens:
+            return None
+        bs = self.block_size
+        pool = self.pool
+        need = sum_ctx = 0
+        for r in running:
+            c = r.num_computed_tokens
+            p = r.input_length
+            seq = p + r.num_output_tokens
+            if c < p or seq - c != 1:
+                return None
+            if c >= (len(r.held_hashes) + r.held_private_blocks) * bs:
+                need += 1
+            sum_ctx += seq
+        if need > pool.free_blocks:
+            return None  # someone would be preempted: the general path decides who
+        caching = pool.enable_caching
+        batch = Batch()
+        items = batch.items
+        for r in running:
+            c = r.num_computed_tokens + 1
+            if c > (len(r.held_hashes) + r.held_private_blocks) * bs:
+                pool.allocate(r, 1)
+            r.num_computed_tokens = c
+            if caching and c % bs == 0:
+                pool.register(r, self._block_hash(r, c // bs - 1))
+            items.append((r, 1, 0, r.input_length))
+        batch.n_decode = n
+        batch.sum_decode_context = sum_ctx
+        batch.active_blocks = len(pool.refcount) + pool.n_private
+        return batch
+
+    def decode_stretch(
+        self, start_ms: float, horizon_ms: float, decode_ms: Callable[[int, int], float]
+    ) -> tuple[list[float], list[tuple[int, int]]]:
+        """Fast-forward passes that only decode and change nothing but counters.
+
+        When nothing waits and every running request is one decode token short, the next
+        passes are all alike until a request completes or needs a new block: each computes one
+        token per request and lasts `decode_ms(n, sum of sequence lengths)`. This applies as
+        many of them as end before `horizon_ms` (none of them the completing or allocating
+        pass), exactly as pass-by-pass scheduling would. Returns the passes' end times and the
+        blocks that became full, as (pass index, content hash), in the order they registered.
+        """
+        running = self.running
+        n = len(running)
+        if self.waiting or n == 0 or n > self.cfg.max_num_batched_tokens:
+            return [], []
+        bs = self.block_size
+        max_len = self.cfg.max_model_len
+        k_max = 1 << 62
+        sum_ctx = 0
+        for r in running:
+            c = r.num_computed_tokens
+            p = r.input_length
+            seq = p + r.num_output_tokens
+            if c < p or seq - c != 1:
+                return [], []
+            # passes before the one that emits its last token, or that needs a new block
+            k_max = min(
+                k_max,
+                r.output_length - r.num_output_tokens - 1,
+                (len(r.held_hashes) + r.held_private_blocks) * bs - c,
+            )
+            if max_len is not None:
+                k_max = min(k_max, max_len - seq - 1)
+            sum_ctx += seq
+        ends: list[float] = []
+        t = start_ms
+        while len(ends) < k_max:
+            end = t + decode_ms(n, sum_ctx)
+            if end >= horizon_ms:
+                break
+            ends.append(end)
+            t = end
+            sum_ctx += n
+        k = len(ends)
+        if k == 0:
+            return ends, []
+        crossings: list[tuple[int, int, Request, int]] = []
+        caching = self.pool.enable_caching
+        for order, r in enumerate(running):
+            c0 = r.num_computed_tokens
+            r.num_computed_tokens = c0 + k
+            out0 = r.num_output_tokens
+            r.num_output_tokens = out0 + k
+            if out0 == 1:
+                r.second_token_ms = ends[0]
+            r.last_token_ms = ends[-1]
+            times = r.token_times_ms
+            if times is not None:
+                times.extend(ends)
+            if caching:
+                for j in range(c0 // bs, (c0 + k) // bs):
+                    crossings.append(((j + 1) * bs - c0 - 1, order, r, j))
+        registered = []
+        if crossings:
+            crossings.sort(key=lambda x: (x[0], x[1]))
+            for i, _order, r, j in crossings:
+                h = self._block_hash(r, j)
+                self.pool.register(r, h)
+                registered.append((i, h))
+        return ends, registered
+
+    def schedule(self, now_ms: float) -> Batch:
+        """Form the batch of a pass starting at `now_ms` (allocating its KV blocks)."""
         batch = Batch()
         budget = self.cfg.max_num_batched_tokens
         running = self.running
+        items = batch.items
+        pool = self.pool
+        bs = self.block_size
+        caching = pool.enable_caching
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            n = self._schedule_tokens(req, batch, budget, 0)
+            computed = req.num_computed_tokens
+            prompt_len = req.input_length
+            if computed >= prompt_len and req.num_output_tokens + prompt_len - computed == 1:
+                # the common case, a decode step: one token, a new block only at a boundary
+                target = computed + 1
+                if target > (len(req.held_hashes) + req.held_private_blocks) * bs and (
+                    not pool.allocate(req, 1)
+                ):
+                    n = self._schedule_tokens(req, batch, budget, 0)  # preempts as needed
+                else:
+                    req.num_computed_tokens = target
+                    if caching and target % bs == 0:
+                        pool.register(req, self._block_hash(req, target // bs - 1))
+                    items.append((req, 1, 0, prompt_len))
+                    n = 1
+            else:
+                n = self._schedule_tokens(req, batch, budget, 0)
             if n == SELF_PREEMPTED:
                 continue  # the next request now sits at i
             if n == BLOCKED:
@@ -199,11 +337,11 @@ class VllmScheduler:
             # this one sits out the pass, exactly as in the mocker
             i += 1
         if batch.n_preempted == 0:
-            self._admit(batch, budget)
+            self._admit(batch, budget, now_ms)
         self._summarise(batch)
         return batch
 
-    def _admit(self, batch: Batch, budget: int) -> None:
+    def _admit(self, batch: Batch, budget: int, now_ms: float) -> None:
         cfg = self.cfg
         bs = self.block_size
         pool = self.pool
@@ -269,25 +407,33 @@ class VllmScheduler:
             req.status = Status.RUNNING
             req.n_admissions += 1
             running.append(req)
-            self.on_admit(req, cached)
+            self.n_committed_prefill_tokens += seq - cached
+            self.on_admit(req, cached, now_ms)
             budget -= n
             if batch.n_preempted != preempted or (n == 0 and budget == 0):
                 break
 
     def _summarise(self, batch: Batch) -> None:
+        n_prefill = sum_isl = sum_prefix = prefill_tokens = n_decode = sum_ctx = 0
         for req, _n, prompt_tokens, before in batch.items:
+            out = req.num_output_tokens
             if prompt_tokens > 0:
-                batch.n_prefill += 1
-                batch.sum_prefill_isl += before + prompt_tokens
-                batch.sum_prefix += before
-                batch.prefill_tokens += prompt_tokens
-            if (
-                req.num_computed_tokens == req.seq_len
-                and req.num_output_tokens < req.output_length
-                and not (req.num_output_tokens == 0 and prompt_tokens > 0)
-            ):
-                batch.n_decode += 1
-                batch.sum_decode_context += req.seq_len
+                n_prefill += 1
+                sum_isl += before + prompt_tokens
+                sum_prefix += before
+                prefill_tokens += prompt_tokens
+                if out == 0:
+                    continue  # its first token comes from this prefill, at no decode cost
+            seq = req.input_length + out
+            if req.num_computed_tokens == seq and out < req.output_length:
+                n_decode += 1
+                sum_ctx += seq
+        batch.n_prefill = n_prefill
+        batch.sum_prefill_isl = sum_isl
+        batch.sum_prefix = sum_prefix
+        batch.prefill_tokens = prefill_tokens
+        batch.n_decode = n_decode
+        batch.sum_decode_context = sum_ctx
         batch.active_blocks = self.pool.n_active
 
     def _never_fits(self, req: Request) -> str:
@@ -312,17 +458,17 @@ class VllmScheduler:
         zero_out: list[Request] = []
         last_token: list[Request] = []
         for req, _n, _p, _b in batch.items:
-            if req.num_computed_tokens != req.seq_len:
+            out = req.num_output_tokens
+            if req.num_computed_tokens != req.input_length + out:
                 continue  # mid-prefill chunk
             if req.output_length == 0:
                 zero_out.append(req)
                 continue
-            if req.num_output_tokens >= req.output_length:
-                continue  # pragma: no cover - completed requests leave running
-            req.num_output_tokens += 1
+            out += 1
+            req.num_output_tokens = out
             emitted.append(req)
-            if req.num_output_tokens >= req.output_length or (
-                max_len is not None and req.seq_len >= max_len
+            if out >= req.output_length or (
+                max_len is not None and req.input_length + out >= max_len
             ):
                 last_token.append(req)
         done = zero_out + last_token

@@ -128,15 +128,22 @@ class BlockPool:
         if n_blocks > self.free_blocks:
             return False
         empty = self.capacity_blocks - len(self.refcount) - self.n_private - len(self.inactive)
-        for _ in range(n_blocks - empty):
-            self._evict_oldest()
+        if n_blocks > empty:
+            popitem = self.inactive.popitem
+            copies = self.copies
+            events = self.pending_events if self.record_events else None
+            for _ in range(n_blocks - empty):
+                key, _ = popitem(last=False)
+                if copies or events is not None:
+                    self._evicted(key, events)
+            self.n_evictions += n_blocks - empty
         self.n_private += n_blocks
         req.held_private_blocks += n_blocks
         return True
 
-    def _evict_oldest(self) -> None:
-        key, _ = self.inactive.popitem(last=False)
-        self.n_evictions += 1
+    def _evicted(self, key: Key, events: list[tuple[str, int]] | None) -> None:
+        """Bookkeeping after evicting `key`: drop it from its copies; `removed` when it was
+        the content's last copy."""
         h = key[0] if isinstance(key, tuple) else key
         keys = self.copies.get(h)
         if keys is not None:
@@ -144,8 +151,8 @@ class BlockPool:
             if keys:
                 return  # another copy still holds this content
             del self.copies[h]
-        if self.record_events:
-            self.pending_events.append((REMOVED, h))
+        if events is not None:
+            events.append((REMOVED, h))
 
     def register(self, req: Request, h: int) -> None:
         """A private block of `req` became full with content `h`: make it a cacheable block."""
@@ -169,6 +176,28 @@ class BlockPool:
                 keys.append(key)
         self.refcount[key] = 1
         req.held_hashes.append(key)
+
+    def register_many(self, req: Request, hashes: list[int]) -> None:
+        """`register` for consecutive blocks of `req` that became full together."""
+        if not self.enable_caching:
+            return
+        refcount = self.refcount
+        inactive = self.inactive
+        held = req.held_hashes
+        copies = self.copies
+        events = self.pending_events if self.record_events else None
+        n_fresh = 0
+        for h in hashes:
+            if h in refcount or h in inactive or h in copies:
+                self.register(req, h)  # a duplicate copy; keeps its own counts
+                continue
+            refcount[h] = 1
+            held.append(h)
+            n_fresh += 1
+            if events is not None:
+                events.append((STORED, h))
+        self.n_private -= n_fresh
+        req.held_private_blocks -= n_fresh
 
     def release(self, req: Request) -> None:
         """`req` lets go of everything it holds; cached blocks join the LRU last block first."""

@@ -34,17 +34,18 @@ REQUEST_COLUMNS = (
     "terminal_status",
     "reason",
 )
-PASS_COLUMNS = (
-    "worker",
-    "dp_rank",
-    "start_ms",
-    "end_ms",
-    "prefill_tokens",
-    "prefill_seqs",
-    "decode_seqs",
-    "kv_used_blocks",
-    "preemptions",
-)
+# pass records are many (one per engine step): kept column by column in typed arrays
+PASS_COLUMNS = {
+    "worker": "i",
+    "dp_rank": "i",
+    "start_ms": "d",
+    "end_ms": "d",
+    "prefill_tokens": "q",
+    "prefill_seqs": "i",
+    "decode_seqs": "i",
+    "kv_used_blocks": "q",
+    "preemptions": "i",
+}
 KV_COLUMNS = ("t_ms", "pool", "tier", "used_blocks", "cached_blocks")
 KV_EVENT_COLUMNS = ("t_ms", "worker", "dp_rank", "event_id", "kind", "tier", "block_hash")
 
@@ -58,7 +59,19 @@ class Recorder:
     def __init__(self, per_token: bool = False) -> None:
         self.per_token = per_token
         self.requests: list[tuple] = []
-        self.passes: list[tuple] = []
+        self.passes = {name: array(code) for name, code in PASS_COLUMNS.items()}
+        p = self.passes
+        self._pass_appends = (
+            p["worker"].append,
+            p["dp_rank"].append,
+            p["start_ms"].append,
+            p["end_ms"].append,
+            p["prefill_tokens"].append,
+            p["prefill_seqs"].append,
+            p["decode_seqs"].append,
+            p["kv_used_blocks"].append,
+            p["preemptions"].append,
+        )
         self.kv: list[tuple] = []
         self.kv_events: list[tuple] = []
         self.itl_gaps_ms = array("d")  # every inter-token gap of every completed request
@@ -131,19 +144,16 @@ class Recorder:
         kv_used_blocks: int,
         preemptions: int,
     ) -> None:
-        self.passes.append(
-            (
-                worker,
-                dp_rank,
-                start_ms,
-                end_ms,
-                prefill_tokens,
-                prefill_seqs,
-                decode_seqs,
-                kv_used_blocks,
-                preemptions,
-            )
-        )
+        (a_w, a_r, a_s, a_e, a_pt, a_ps, a_ds, a_kv, a_pre) = self._pass_appends
+        a_w(worker)
+        a_r(dp_rank)
+        a_s(start_ms)
+        a_e(end_ms)
+        a_pt(prefill_tokens)
+        a_ps(prefill_seqs)
+        a_ds(decode_seqs)
+        a_kv(kv_used_blocks)
+        a_pre(preemptions)
 
     def kv_level(self, t_ms: float, pool: str, tier: str, used: int, cached: int) -> None:
         self.kv.append((t_ms, pool, tier, used, cached))

@@ -83,7 +83,6 @@ def summarize(
         "not_arrived_requests": int(len(requests) - len(arrived)),
         "total_input_tokens": total_in,
         "total_output_tokens": total_out,
-        "committed_prefill_tokens": total_in - reused,
         "duration_ms": duration_ms,
         "wall_time_ms": wall_time_ms,
         "request_throughput_rps": len(done) / duration_s,

@@ -34,15 +34,28 @@ def requests_table(rec: Recorder) -> pd.DataFrame:
 
 
 def passes_table(rec: Recorder) -> pd.DataFrame:
-    return pd.DataFrame.from_records(rec.passes, columns=list(PASS_COLUMNS))
+    """One row per engine pass, ordered by end time then worker (fast-forwarded workers
+    record ahead of the event loop)."""
+    df = pd.DataFrame(
+        {name: np.frombuffer(col, dtype=col.typecode) for name, col in rec.passes.items()},
+        copy=True,
+    )
+    return df.sort_values(["end_ms", "worker", "dp_rank"], kind="stable").reset_index(drop=True)
 
 
 def kv_table(rec: Recorder) -> pd.DataFrame:
-    return pd.DataFrame.from_records(rec.kv, columns=list(KV_COLUMNS))
+    """Pool levels at each change, in time order (pools in name order at equal times)."""
+    df = pd.DataFrame.from_records(rec.kv, columns=list(KV_COLUMNS))
+    return df.sort_values(["t_ms", "pool"], kind="stable").reset_index(drop=True)
 
 
 def kv_events_table(rec: Recorder) -> pd.DataFrame:
-    return pd.DataFrame.from_records(rec.kv_events, columns=list(KV_EVENT_COLUMNS))
+    """KV events in time order (workers in index order at equal times), numbered in that
+    order."""
+    df = pd.DataFrame.from_records(rec.kv_events, columns=list(KV_EVENT_COLUMNS))
+    df = df.sort_values(["t_ms", "worker", "dp_rank"], kind="stable").reset_index(drop=True)
+    df["event_id"] = np.arange(len(df), dtype="int64")
+    return df
 
 
 def time_weighted_mean(kv: pd.DataFrame, column: str, end_ms: float) -> pd.Series:

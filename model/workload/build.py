@@ -73,7 +73,9 @@ def build_workload(
     source = getattr(cfg, "path", "synthetic workload")
     for idx, row in enumerate(rows):
         if tbs is None:
-            prompt = hasher.unique_blocks(row.input_length // hasher.block_size)
+            prompt = [
+                hasher.unique_block(idx, j) for j in range(row.input_length // hasher.block_size)
+            ]
         else:
             prompt = hasher.prompt_hashes(row.hash_ids, row.input_length, tbs)
         sid = row.session_id

@@ -9,9 +9,12 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Generator, Iterator
 
 import simpy
+
+from model.clock import ARRIVAL, at_time
 
 from model.workload.build import Session
 from model.workload.request import Request
@@ -31,19 +34,28 @@ def _follow_ups(
 
 
 def open_loop(
-    env: simpy.Environment, sessions: list[Session], dispatch: Dispatch
+    env: simpy.Environment,
+    sessions: list[Session],
+    dispatch: Dispatch,
+    announce: Callable[[float], None] | None = None,
 ) -> Generator[simpy.Event, None, None]:
+    """First turns at their planned times; `announce(t)` is told each next arrival time (and
+    inf after the last) so workers know how far ahead nothing can reach them."""
     for session in sessions:
         first = session[0]
-        wait = first.planned_arrival_ms - env.now  # type: ignore[operator]
-        if wait > 0:
-            yield env.timeout(wait)
+        planned: float = first.planned_arrival_ms  # type: ignore[assignment]
+        if announce is not None:
+            announce(planned)
+        if planned > env.now:
+            yield at_time(env, planned, ARRIVAL)
         if len(session) > 1:
             first.done = env.event()
             dispatch(first)
             env.process(_follow_ups(env, session, dispatch))
         else:
             dispatch(first)
+    if announce is not None:
+        announce(math.inf)
 
 
 def _slot(

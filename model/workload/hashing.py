@@ -5,25 +5,28 @@ caches *engine blocks* (vLLM: 64 tokens). As in Dynamo's replay, the prompt's to
 canonical id of trace block k repeated `trace_block_size` times (truncated to the prompt length);
 engine blocks are then hashed positionally and parent-chained, so two prompts share engine block j
 exactly when their synthesised tokens agree on everything up to the end of block j. Only full
-engine blocks get a hash. Chained hashes are interned to small consecutive ints: equal prefixes
-get equal ids, and a block id stands for its whole prefix.
+engine blocks get a hash. A block's id is a 63-bit hash of (parent id, block content), so a block
+id stands for its whole prefix; content nothing else shares (generated tokens, prompts without
+hash ids) gets negative ids, a separate space. Two different prefixes share an id only by a
+64-bit hash collision (about 1e-7 for a million distinct blocks), and nothing is stored per
+block, so memory does not grow with the number of distinct prefixes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-ROOT = -1
+ROOT = 0x5EED  # the parent of a prompt's first block
+MASK63 = (1 << 63) - 1
+UNSHARED = 0xD15C0  # salt of unshared-content ids
 
 
 class BlockHasher:
-    """Interns trace hash ids and chained engine-block hashes for one run."""
+    """Canonical trace ids and chained engine-block ids for one run."""
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
         self._canonical: dict[int, int] = {}  # trace hash id -> id by first appearance
-        self._chain: dict[tuple[int, object], int] = {}  # (parent, block content) -> block id
-        self._next_unique = -2  # unshared content gets negative ids; ROOT is -1
 
     def canonical(self, trace_ids: Sequence[int]) -> list[int]:
         """Trace hash ids renumbered by order of first appearance across the run."""
@@ -43,7 +46,6 @@ class BlockHasher:
         ids = self.canonical(trace_ids)
         bs = self.block_size
         n_full = input_length // bs
-        chain = self._chain
         out: list[int] = []
         parent = ROOT
         aligned = trace_block_size % bs == 0
@@ -54,19 +56,16 @@ class BlockHasher:
                 content: object = ids[start // trace_block_size]
             else:
                 content = _runs(ids, start, start + bs, trace_block_size)
-            key = (parent, content)
-            h = chain.get(key)
-            if h is None:
-                h = chain[key] = len(chain)
-            out.append(h)
-            parent = h
+            parent = hash((parent, content)) & MASK63
+            out.append(parent)
         return out
 
-    def unique_blocks(self, n: int) -> list[int]:
-        """Fresh ids for content nothing else shares (generated tokens, prompts without ids)."""
-        first = self._next_unique
-        self._next_unique -= n
-        return list(range(first, first - n, -1))
+    @staticmethod
+    def unique_block(owner: int, j: int) -> int:
+        """The id of block `j` of request `owner` when its content is shared with nothing
+        (generated tokens, prompts without hash ids): negative, so never a chained prompt id,
+        and the same whenever it is asked for."""
+        return -1 - (hash((UNSHARED, owner, j)) & MASK63)
 
 
 def _runs(ids: Sequence[int], start: int, end: int, tbs: int) -> tuple[tuple[int, int], ...]:

@@ -41,7 +41,6 @@ class Request:
         "num_output_tokens",
         "held_hashes",
         "held_private_blocks",
-        "output_hashes",
         "prefilling",
         "n_preemptions",
         "n_admissions",
@@ -88,7 +87,6 @@ class Request:
         self.num_output_tokens = 0
         self.held_hashes: list[int] = []
         self.held_private_blocks = 0
-        self.output_hashes: list[int] = []
         self.prefilling = True
         self.n_preemptions = 0
         self.n_admissions = 0

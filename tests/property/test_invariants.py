@@ -167,3 +167,21 @@ def test_kv_events_balance(rows, engine):
     if not engine["enable_prefix_caching"]:
         assert len(ev) == 0
     assert not math.isnan(r.summary["duration_ms"])
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    rows=rows_strategy,
+    engine=engine_strategy,
+    workers=st.integers(1, 3),
+    max_model_len=st.sampled_from([None, 64, 400]),
+)
+def test_fast_forward_gives_the_step_by_step_answer(rows, engine, workers, max_model_len):
+    """Chained and fast-forwarded passes produce exactly the pass-by-pass tables."""
+    engine = dict(engine, max_model_len=max_model_len)
+    fast = run(rows, dict(engine, fast_forward=True), workers, timing="polynomial")
+    step = run(rows, dict(engine, fast_forward=False), workers, timing="polynomial")
+    pd.testing.assert_frame_equal(fast.requests, step.requests)
+    pd.testing.assert_frame_equal(fast.passes, step.passes)
+    pd.testing.assert_frame_equal(fast.kv, step.kv)
+    pd.testing.assert_frame_equal(fast.kv_events, step.kv_events)

@@ -51,15 +51,19 @@ def test_only_full_engine_blocks_hashed():
     assert h.prompt_hashes([1], 63, 512) == []
 
 
-def test_block_ids_are_interned():
-    """Chained ids are small consecutive ints; the same prompt gets the same ids again, and a
-    shorter prompt with the same tokens gets a prefix of them."""
+def test_block_ids_stand_for_their_whole_prefix():
+    """The same prompt gets the same ids again, a shorter prompt with the same tokens gets a
+    prefix of them, a different first block changes every later id; chained ids are
+    non-negative and never meet the negative ids of unshared content."""
     h = BlockHasher(4)
     first = h.prompt_hashes([5, 6], 8, 4)
-    assert first == [0, 1]
+    assert len(set(first)) == 2 and all(x >= 0 for x in first)
     assert h.prompt_hashes([5, 6], 8, 4) == first
-    assert h.prompt_hashes([5, 6], 7, 4) == [0]
-    assert h.prompt_hashes([5, 7], 8, 4) == [0, 2]
+    assert h.prompt_hashes([5, 6], 7, 4) == first[:1]
+    other = h.prompt_hashes([5, 7], 8, 4)
+    assert other[0] == first[0] and other[1] != first[1]
+    assert h.prompt_hashes([4, 6], 8, 4)[1] != first[1], "block 2 depends on block 1"
+    assert all(h.unique_block(0, j) < 0 for j in range(3))
 
 
 def test_aligned_blocks_shared_until_trace_ids_differ():
@@ -112,14 +116,14 @@ def test_shared_block_iff_same_token_prefix(trace_bs, engine_bs):
 
 
 def test_unique_blocks_never_collide():
-    """Fresh blocks are distinct from each other, from ROOT and from every prompt block id."""
+    """Unshared blocks are distinct from each other, from ROOT and from every prompt block id,
+    and the same id comes back for the same (request, block)."""
     h = BlockHasher(4)
     prompt = h.prompt_hashes([1, 2, 3], 12, 4)
-    u1 = h.unique_blocks(3)
-    u2 = h.unique_blocks(2)
+    u1 = [h.unique_block(0, j) for j in range(3)]
+    u2 = [h.unique_block(1, j) for j in range(2)]
     prompt2 = h.prompt_hashes([4, 5], 8, 4)
-    assert h.unique_blocks(0) == []
     every = prompt + u1 + u2 + prompt2
     assert len(set(every)) == len(every) == 10
     assert ROOT not in every
-    assert len(u1) == 3 and len(u2) == 2
+    assert h.unique_block(1, 1) == u2[1]
