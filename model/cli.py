@@ -70,7 +70,7 @@ def run(cfg: DictConfig, out_dir: str) -> dict[str, Any]:
         raise ConfigError(f"invalid config: {e}") from None
     assert isinstance(data, dict)
     data.pop("hydra", None)
-    result = simulate(validate_config(data))
+    result = simulate(validate_config({str(k): v for k, v in data.items()}))
     result.write(out_dir)
     return result.summary
 

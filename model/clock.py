@@ -23,15 +23,6 @@ TELEMETRY = 2
 PASS_START = 3
 
 
-def at(env: simpy.Environment, delay_ms: float, phase: int | float) -> Event:
-    """An event that fires `delay_ms` from now, in `phase` among same-instant events."""
-    ev = Event(env)
-    ev._ok = True
-    ev._value = None
-    env.schedule(ev, phase, delay_ms)
-    return ev
-
-
 class Environment(simpy.Environment):
     """SimPy's environment, plus events at an absolute time.
 
@@ -43,7 +34,7 @@ class Environment(simpy.Environment):
         if t_ms < self._now:
             raise ValueError(f"cannot schedule at {t_ms} ms, before now ({self._now} ms)")
         # the same heap entry SimPy's own schedule() makes, with the time given directly
-        heappush(self._queue, (t_ms, priority, next(self._eid), event))
+        heappush(self._queue, (t_ms, priority, next(self._eid), event))  # type: ignore[misc]
 
 
 def at_time(env: simpy.Environment, t_ms: float, phase: int | float) -> Event:
@@ -54,5 +45,5 @@ def at_time(env: simpy.Environment, t_ms: float, phase: int | float) -> Event:
     if isinstance(env, Environment):
         env.schedule_at(ev, phase, t_ms)
     else:
-        env.schedule(ev, phase, t_ms - env.now)  # type: ignore[arg-type]
+        env.schedule(ev, phase, t_ms - env.now)  # type: ignore[arg-type]  # phases may be floats
     return ev

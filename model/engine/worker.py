@@ -20,7 +20,7 @@ from collections.abc import Callable, Generator
 
 import simpy
 
-from model.clock import PASS_END, PASS_START, at, at_time
+from model.clock import PASS_END, PASS_START, at_time
 from model.engine.vllm import Batch, VllmScheduler
 from model.kv.block_pool import BlockPool
 from model.metrics.recorder import Recorder
@@ -82,7 +82,7 @@ class Worker:
                 self._wake = None
             if env.peek() <= env.now:
                 # other events of this instant (arrivals, completions) go first
-                yield at(env, 0.0, PASS_START)
+                yield at_time(env, env.now, PASS_START)
             t = env.now
             horizon = self.horizon()  # nothing can reach this worker before then
             while True:

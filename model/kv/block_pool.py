@@ -111,6 +111,7 @@ class BlockPool:
         held = req.held_hashes
         for h in hashes:
             key = h if (h in refcount or h in inactive) else self._oldest(h)
+            assert key is not None, f"block {h} was not resident"
             c = refcount.get(key)
             if c is None:
                 del inactive[key]

@@ -7,6 +7,8 @@ pandas is touched until `model.metrics.tables` builds the frames.
 from __future__ import annotations
 
 from array import array
+from collections.abc import Callable
+from typing import Any
 
 from model.workload.request import Request
 
@@ -61,7 +63,7 @@ class Recorder:
         self.requests: list[tuple] = []
         self.passes = {name: array(code) for name, code in PASS_COLUMNS.items()}
         p = self.passes
-        self._pass_appends = (
+        self._pass_appends: tuple[Callable[[Any], None], ...] = (
             p["worker"].append,
             p["dp_rank"].append,
             p["start_ms"].append,

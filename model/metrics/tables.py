@@ -8,7 +8,6 @@ import pandas as pd
 from model.metrics.recorder import (
     KV_COLUMNS,
     KV_EVENT_COLUMNS,
-    PASS_COLUMNS,
     REQUEST_COLUMNS,
     Recorder,
 )

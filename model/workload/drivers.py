@@ -15,7 +15,6 @@ from collections.abc import Callable, Generator, Iterator
 import simpy
 
 from model.clock import ARRIVAL, at_time
-
 from model.workload.build import Session
 from model.workload.request import Request
 
@@ -26,6 +25,7 @@ def _follow_ups(
     env: simpy.Environment, session: Session, dispatch: Dispatch
 ) -> Generator[simpy.Event, None, None]:
     for prev, req in zip(session, session[1:], strict=False):
+        assert prev.done is not None
         yield prev.done
         if req.delay_ms > 0:
             yield env.timeout(req.delay_ms)
