@@ -14,6 +14,7 @@ import pytest
 
 from model.cli import format_summary
 
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = Path(sys.executable).parent / "servesim"
 if not SCRIPT.exists():
     SCRIPT = Path(shutil.which("servesim") or "servesim")
@@ -86,6 +87,28 @@ def test_multirun_sweeps_each_value(tmp_path, tiny_trace):
     assert len(summaries) == 2
     workers = sorted(json.loads(p.read_text())["metadata"]["num_workers"] for p in summaries)
     assert workers == [1, 2]
+    # experiments/collect.py turns the sweep into one table and a plot
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "experiments" / "collect.py"),
+            "sweep",
+            "--out",
+            "sweep.csv",
+            "--plot",
+            "mean_ttft_ms",
+            "--x",
+            "topology.num_workers",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    table = pd.read_csv(tmp_path / "sweep.csv")
+    assert list(table["topology.num_workers"]) == [1, 2]
+    assert table["completed_requests"].tolist() == [3, 3]
+    assert (tmp_path / "sweep.png").stat().st_size > 0
 
 
 def test_bad_config_value_exits_2_naming_the_path(tmp_path):
