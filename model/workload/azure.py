@@ -13,8 +13,7 @@ from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from model.workload.errors import TraceError
-from model.workload.mooncake import SkipCounter, TraceRow
+from model.workload.errors import SkipCounter, TraceError, TraceRow, bounded, existing
 
 COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 
@@ -50,18 +49,19 @@ def read_azure(
     max_requests: int | None = None,
 ) -> Iterator[TraceRow]:
     """Stream rows as TraceRow (no hash ids; timestamps relative to the first row)."""
-    path = Path(path)
-    if not path.is_file():
-        raise TraceError(f"failed to open trace file {path}")
+    path = existing(path)
+    return bounded(path, _rows(path, skip_malformed, skipped), max_requests)
+
+
+def _rows(path: Path, skip_malformed: bool, skipped: SkipCounter | None) -> Iterator[TraceRow]:
     skipped = skipped if skipped is not None else SkipCounter()
-    n_rows = 0
     t0: int | None = None
     last = -1
     with path.open(encoding="utf-8-sig", newline="") as fh:
         reader = csv.reader(fh)
         header = next(reader, None)
         if header is None:
-            raise TraceError(f"trace file {path} did not contain any requests")
+            return
         header = [h.strip() for h in header]
         if tuple(header[:3]) != COLUMNS:
             raise TraceError(f"{path}:1: expected header {','.join(COLUMNS)}, got {header}")
@@ -96,8 +96,3 @@ def read_azure(
             if t0 is None:
                 t0 = ts
             yield TraceRow(line, (ts - t0) / (TICKS_PER_S / 1000), inp, out, [])
-            n_rows += 1
-            if max_requests is not None and n_rows >= max_requests:
-                break
-    if n_rows == 0:
-        raise TraceError(f"trace file {path} did not contain any requests")

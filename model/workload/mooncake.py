@@ -17,23 +17,12 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from model.workload.errors import TraceError
+from model.workload.errors import SkipCounter, TraceError, TraceRow, bounded, existing
 
-
-@dataclass(slots=True)
-class TraceRow:
-    line: int
-    timestamp_ms: float | None
-    input_length: int
-    output_length: int
-    hash_ids: list[int]
-    session_id: str | None = None
-    delay_ms: float | None = None
-    request_id: str | None = None
+__all__ = ["SkipCounter", "TraceRow", "read_mooncake"]
 
 
 def _field(obj: dict[str, Any], *names: str) -> Any:
@@ -107,19 +96,6 @@ def parse_row(obj: Any, where: str, line: int, trace_block_size: int) -> TraceRo
     )
 
 
-class SkipCounter:
-    """Rows dropped by `skip_malformed`, with the first few reasons kept for the summary."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.examples: list[str] = []
-
-    def add(self, message: str) -> None:
-        self.count += 1
-        if len(self.examples) < 5:
-            self.examples.append(message)
-
-
 def read_mooncake(
     path: str | Path,
     trace_block_size: int = 512,
@@ -128,11 +104,14 @@ def read_mooncake(
     max_requests: int | None = None,
 ) -> Iterator[TraceRow]:
     """Stream validated rows of a Mooncake JSONL file (blank lines ignored)."""
-    path = Path(path)
-    if not path.is_file():
-        raise TraceError(f"failed to open trace file {path}")
+    path = existing(path)
+    return bounded(path, _rows(path, trace_block_size, skip_malformed, skipped), max_requests)
+
+
+def _rows(
+    path: Path, trace_block_size: int, skip_malformed: bool, skipped: SkipCounter | None
+) -> Iterator[TraceRow]:
     skipped = skipped if skipped is not None else SkipCounter()
-    n_rows = 0
     sessions_seen: set[str] = set()
     last_first_turn_ms = -math.inf
     with path.open(encoding="utf-8") as fh:
@@ -172,8 +151,3 @@ def read_mooncake(
                 if row.session_id is not None:
                     sessions_seen.add(row.session_id)
             yield row
-            n_rows += 1
-            if max_requests is not None and n_rows >= max_requests:
-                break
-    if n_rows == 0:
-        raise TraceError(f"trace file {path} did not contain any requests")
