@@ -37,8 +37,8 @@ if TYPE_CHECKING:
 PASS_KINDS = {"prefill-only": "tab:orange", "decode-only": "tab:blue", "mixed": "tab:green"}
 # a worker's row in `pass_timeline` spans [lane - 0.5, lane + 0.5]: the bars fill the lower part,
 # arrivals are drawn above them on a few staggered levels so overlapping waits stay apart
-BAR_OFFSET, BAR_HEIGHT = 0.15, 0.6
-ARRIVAL_LEVELS = (-0.22, -0.3, -0.38, -0.46)
+BAR_OFFSET, BAR_HEIGHT = 0.2, 0.5
+ARRIVAL_LEVELS = (-0.12, -0.19, -0.26, -0.33, -0.4, -0.47)
 
 
 def _table(source: Result | pd.DataFrame, name: str) -> pd.DataFrame:
@@ -83,7 +83,7 @@ def latency_timeline(
     t_s = done["arrival_ms"].to_numpy(dtype=float) / 1000.0
     for column, name, colour in (("ttft_ms", "TTFT", "C0"), ("e2e_latency_ms", "E2E", "C1")):
         y = done[column].astype(float).reset_index(drop=True)
-        ax.scatter(t_s, y, s=8, alpha=0.35, color=colour, linewidths=0, label=f"{name}")
+        ax.scatter(t_s, y, s=8, alpha=0.35, color=colour, linewidths=0, label=name)
         median = y.rolling(window, center=True, min_periods=1).median()
         ax.plot(t_s, median, color=colour, lw=2, label=f"{name}, rolling median of {window}")
     if log_y:
@@ -125,9 +125,9 @@ def pass_timeline(
 
     if t1_ms <= t0_ms:
         raise ValueError(f"empty window: t0_ms={t0_ms} >= t1_ms={t1_ms}")
-    ax = _axes(ax, (11, 3))
     passes = _table(source, "passes")
     lanes = sorted(set(zip(passes["worker"].tolist(), passes["dp_rank"].tolist(), strict=True)))
+    ax = _axes(ax, (11, 1.2 + 1.4 * len(lanes)))
     many_ranks = any(rank for _, rank in lanes)
     lane_of = {lane: i for i, lane in enumerate(lanes)}
     window = passes[(passes["start_ms"] < t1_ms) & (passes["end_ms"] > t0_ms)]
@@ -172,7 +172,7 @@ def pass_timeline(
     if show_arrivals and not isinstance(source, pd.DataFrame):
         handles += _draw_arrivals(ax, source.requests, lane_of, t0_ms, t1_ms)
 
-    ax.set_yticks(range(len(lanes)))
+    ax.set_yticks([i + BAR_OFFSET for i in range(len(lanes))])
     ax.set_yticklabels([f"w{w}.r{r}" if many_ranks else f"w{w}" for w, r in lanes])
     ax.set_ylim(len(lanes) - 0.5, -0.5)  # first worker on top
     ax.set_xlim(t0_ms, t1_ms)
@@ -195,8 +195,8 @@ def _draw_arrivals(
     ax: Axes, requests: pd.DataFrame, lane_of: dict[tuple[int, int], int], t0: float, t1: float
 ) -> list[Any]:
     """Arrivals in [t0, t1) as markers above their worker's bars, each with a line to its first
-    token; successive arrivals on a row take the next of `ARRIVAL_LEVELS`. Requests carry a
-    worker index but no DP rank: they go on the worker's first lane."""
+    token, on one of `ARRIVAL_LEVELS`. Requests carry a worker index but no DP rank: they go
+    on the worker's first lane."""
     from matplotlib.lines import Line2D
 
     first_lane: dict[int, int] = {}
@@ -211,16 +211,21 @@ def _draw_arrivals(
     if not len(arr):
         return []
     arr = arr.sort_values("arrival_ms", kind="stable")
-    lanes = [first_lane[int(w)] for w in arr["prefill_worker_idx"]]
-    seen: dict[int, int] = {}
-    y = np.empty(len(lanes))
-    for i, lane in enumerate(lanes):
-        k = seen.get(lane, 0)
-        seen[lane] = k + 1
-        y[i] = lane + ARRIVAL_LEVELS[k % len(ARRIVAL_LEVELS)]
     x = arr["arrival_ms"].to_numpy(dtype=float)
     ft = arr["first_token_ms"].to_numpy(dtype=float)
     has_token = ~np.isnan(ft)
+    ends = np.where(has_token, ft, x)
+    # each arrival takes the first level of its row that is free by then (else the one that
+    # frees first), so waits that overlap in time are drawn apart
+    free_at: dict[int, list[float]] = {}
+    y = np.empty(len(x))
+    for i, w in enumerate(arr["prefill_worker_idx"]):
+        lane = first_lane[int(w)]
+        levels = free_at.setdefault(lane, [-np.inf] * len(ARRIVAL_LEVELS))
+        free = [k for k, t in enumerate(levels) if t <= x[i]]
+        k = free[0] if free else int(np.argmin(levels))
+        levels[k] = ends[i]
+        y[i] = lane + ARRIVAL_LEVELS[k]
     ax.hlines(y[has_token], x[has_token], ft[has_token], colors="black", linewidth=1)
     ax.plot(x, y, linestyle="none", marker="v", color="black", markersize=5)
     ax.plot(ft[has_token], y[has_token], linestyle="none", marker="|", color="black", markersize=8)
