@@ -48,10 +48,12 @@ def format_summary(summary: dict[str, Any]) -> str:
             )
         )
     counts = summary.get("terminal_status_counts", {})
+    not_arrived = summary.get("not_arrived_requests", 0)
     lines += [
         "",
-        f"requests     {summary['num_requests']:,} arrived: "
-        + ", ".join(f"{v:,} {k}" for k, v in counts.items()),
+        f"requests     {sum(counts.values()):,}: "
+        + ", ".join(f"{v:,} {k}" for k, v in counts.items())
+        + (f" ({not_arrived:,} of them never arrived)" if not_arrived else ""),
         f"duration     {summary['duration_ms'] / 1000:,.1f} s simulated in "
         f"{summary['wall_time_ms'] / 1000:,.2f} s wall",
         f"throughput   {summary['request_throughput_rps']:,.3f} req/s, "

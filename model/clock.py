@@ -14,13 +14,11 @@ from heapq import heappush
 import simpy
 from simpy.events import Event
 
-PASS_END = -2
-TRANSFER_END = -1
+PASS_END = -2  # (-1 is kept for transfer completions)
 # SimPy uses 0 (URGENT) to start processes and 1 (NORMAL) for timeouts and succeed():
 # arrivals and everything they trigger happen in the NORMAL phase.
 ARRIVAL = 1
-TELEMETRY = 2
-PASS_START = 3
+PASS_START = 3  # (2 is kept for telemetry)
 
 
 class Environment(simpy.Environment):

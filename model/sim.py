@@ -212,7 +212,7 @@ def simulate(cfg: RunConfig) -> Result:
     if workload.skipped.count:
         summary["skipped_trace_row_examples"] = workload.skipped.examples
     if len(kv):
-        used = time_weighted_mean(kv, "used_blocks", summary["duration_ms"])
+        used = time_weighted_mean(kv, "used_blocks", stopped_at)
         blocks = num_gpu_blocks(cfg)
         summary["mean_kv_used_ratio"] = float(used.mean() / blocks)
     summary["terminal_status_counts"] = {

@@ -24,7 +24,6 @@ LLAMA3_8B = {
     "num_attention_heads": 32,
     "num_kv_heads": 8,
     "head_dim": 128,
-    "intermediate_size": 14336,
     "vocab_size": 128256,
     "num_params_b": 8.03,
 }
@@ -40,7 +39,8 @@ H100 = {
 BASE: dict[str, Any] = {
     "llm": LLAMA3_8B,
     "hardware": H100,
-    "engine": {"kind": "vllm"},
+    "engine": {"kind": "vllm", "num_gpu_blocks": 16384},
+    "topology": {"kind": "aggregated", "num_workers": 1},
     "workload": {"kind": "mooncake", "path": "unset"},
     "output": {"progress": "off"},
 }

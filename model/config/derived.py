@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from model.config.errors import ConfigError
 from model.config.schema import LlmConfig, RunConfig, VllmEngineConfig
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8": 1, "int8": 1}
@@ -31,7 +32,7 @@ def derived_num_gpu_blocks(cfg: RunConfig) -> int:
     block_bytes = engine.block_size * kv_bytes_per_token(cfg.llm)
     blocks = math.floor(kv_bytes / block_bytes)
     if blocks <= 0:
-        raise ValueError(
+        raise ConfigError(
             f"engine.num_gpu_blocks: {cfg.llm.name} ({weight_bytes(cfg.llm) / 1e9:.1f} GB of "
             f"weights) leaves no room for KV on {tp} x {cfg.hardware.name} "
             f"({cfg.hardware.hbm_gb} GB, gpu_memory_utilization {engine.gpu_memory_utilization})"

@@ -7,11 +7,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from model.config.errors import ConfigError
 from model.config.schema import RunConfig
 
-
-class ConfigError(ValueError):
-    """A config value is missing, unknown, of the wrong type or out of range."""
+__all__ = ["ConfigError", "validate_config"]
 
 
 # Fields holding a union chosen by `kind`: pydantic puts the chosen member's tag in the error

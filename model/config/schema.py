@@ -32,7 +32,6 @@ class LlmConfig(Schema):
     num_attention_heads: int = Field(gt=0)
     num_kv_heads: int = Field(gt=0)
     head_dim: int = Field(gt=0)
-    intermediate_size: int = Field(gt=0)
     vocab_size: int = Field(gt=0)
     num_params_b: PositiveFloat = Field(description="parameter count in billions")
     dtype: Literal["bfloat16", "float16", "float32", "fp8", "int8"] = "bfloat16"
@@ -69,7 +68,10 @@ class VllmEngineConfig(Schema):
     kind: Literal["vllm"] = "vllm"
     block_size: int = Field(64, ge=2)
     num_gpu_blocks: int | None = Field(
-        16384, gt=0, description="KV blocks per worker; null derives it from HBM"
+        None,
+        gt=0,
+        description="KV blocks per worker; null derives it from HBM (the mocker's default is "
+        "16384, set by experiment=dynamo_compat)",
     )
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     activation_reserve_gb: NonNegFloat = Field(
@@ -174,7 +176,7 @@ class AggregatedTopology(Schema):
     """N identical workers, each prefilling and decoding its own requests."""
 
     kind: Literal["aggregated"] = "aggregated"
-    num_workers: int = Field(1, gt=0)
+    num_workers: int = Field(2, gt=0)
 
 
 TopologyConfig = AggregatedTopology
@@ -239,13 +241,20 @@ class AzureWorkload(Schema):
 
 
 class LengthDistribution(Schema):
-    """Token-length distribution; `constant` uses mean only, the others clip to [min, max]."""
+    """Token-length distribution: a draw (the mean itself for `constant`; `uniform` spans
+    [min, max]), rounded, then clipped to [min, max]."""
 
     dist: Literal["constant", "uniform", "normal", "lognormal", "exponential"] = "constant"
     mean: PositiveFloat
     std: NonNegFloat = 0.0
     min: int = Field(1, ge=0)
     max: int | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> LengthDistribution:
+        if self.max is not None and self.max < self.min:
+            raise ValueError(f"max ({self.max}) must be >= min ({self.min})")
+        return self
 
 
 class SyntheticWorkload(Schema):

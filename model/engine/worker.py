@@ -97,18 +97,23 @@ class Worker:
                         if sched.has_work():
                             raise RuntimeError(f"{self.name} stalled at {t} ms with work")
                         break
-                    # only rejections, or a request that preempted itself: ends at once
-                    self._sample_kv(t)
+                    # only rejections, or a request that preempted itself: a pass of no
+                    # length that ends at once
                     if t > env.now:
                         yield at_time(env, t, self.end_phase)
-                    self._deliver([], batch)
+                    self._deliver(self._finish(batch, t, t), batch)
                     break
                 self._sample_kv(t)
                 end = self._end_of(batch, t)
-                # the outcome of a pass is fixed when it starts (arrivals during it only
-                # queue), so it is applied now and delivered at its end
+                if end >= horizon or not self.fast_forward:
+                    # something may happen before this pass ends (or the run may stop):
+                    # apply it at its end, as it comes
+                    yield at_time(env, end, self.end_phase)
+                    self._deliver(self._finish(batch, t, end), batch)
+                    break
+                # nothing can happen before the end: apply it now, deliver at its end
                 done = self._finish(batch, t, end)
-                if done or batch.rejected or end >= horizon or not self.fast_forward:
+                if done or batch.rejected:
                     yield at_time(env, end, self.end_phase)
                     self._deliver(done, batch)
                     break

@@ -205,9 +205,9 @@ def _draw_arrivals(
     arr = requests[
         (requests["arrival_ms"] >= t0)
         & (requests["arrival_ms"] < t1)
-        & requests["prefill_worker_idx"].notna()
+        & requests["decode_worker_idx"].notna()
     ]
-    arr = arr[arr["prefill_worker_idx"].astype(int).isin(first_lane)]
+    arr = arr[arr["decode_worker_idx"].astype(int).isin(first_lane)]
     if not len(arr):
         return []
     arr = arr.sort_values("arrival_ms", kind="stable")
@@ -219,7 +219,7 @@ def _draw_arrivals(
     # frees first), so waits that overlap in time are drawn apart
     free_at: dict[int, list[float]] = {}
     y = np.empty(len(x))
-    for i, w in enumerate(arr["prefill_worker_idx"]):
+    for i, w in enumerate(arr["decode_worker_idx"]):
         lane = first_lane[int(w)]
         levels = free_at.setdefault(lane, [-np.inf] * len(ARRIVAL_LEVELS))
         free = [k for k, t in enumerate(levels) if t <= x[i]]

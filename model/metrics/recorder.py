@@ -124,7 +124,7 @@ class Recorder:
                 n,
                 req.reused_input_tokens,
                 req.first_admission_reused_tokens,
-                worker,
+                None,  # prefill worker: only disaggregated topologies have one
                 worker,
                 req.n_preemptions,
                 status,

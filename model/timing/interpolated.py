@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from model.config.errors import ConfigError
 from model.config.schema import InterpolatedTiming
 from model.timing.base import new_tokens
 
@@ -35,7 +36,7 @@ def load_points(cfg: InterpolatedTiming) -> dict[str, list[float]]:
         return {name: list(getattr(cfg, name)) for name in ARRAYS}
     path = Path(cfg.path)
     if not path.is_file():
-        raise FileNotFoundError(f"timing.path: {path} does not exist")
+        raise ConfigError(f"timing.path: {path} does not exist")
     if path.suffix == ".npz":
         with np.load(path) as data:
             raw = {k: data[k] for k in data.files}
@@ -43,7 +44,7 @@ def load_points(cfg: InterpolatedTiming) -> dict[str, list[float]]:
         raw = json.loads(path.read_text())
     missing = [k for k in ARRAYS if k not in raw]
     if missing:
-        raise ValueError(f"timing.path: {path} lacks arrays {missing} (needs {list(ARRAYS)})")
+        raise ConfigError(f"timing.path: {path} lacks arrays {missing} (needs {list(ARRAYS)})")
     return {k: [float(x) for x in np.ravel(raw[k])] for k in ARRAYS}
 
 
@@ -62,9 +63,9 @@ def _lerp(xs: list[float], ys: list[float], x: float) -> float:
 
 def _check_axis(name: str, xs: list[float]) -> None:
     if not xs:
-        raise ValueError(f"timing.{name}: needs at least one point")
+        raise ConfigError(f"timing.{name}: needs at least one point")
     if any(b <= a for a, b in zip(xs, xs[1:], strict=False)):
-        raise ValueError(f"timing.{name}: points must be strictly increasing")
+        raise ConfigError(f"timing.{name}: points must be strictly increasing")
 
 
 class Interpolated:
@@ -73,7 +74,7 @@ class Interpolated:
         order = sorted(range(len(pts["prefill_isl"])), key=lambda i: pts["prefill_isl"][i])
         self.prefill_x = [pts["prefill_isl"][i] for i in order]
         if len(pts["prefill_ttft_ms"]) != len(self.prefill_x):
-            raise ValueError("timing.prefill_ttft_ms: must have one value per prefill_isl point")
+            raise ConfigError("timing.prefill_ttft_ms: must have one value per prefill_isl point")
         self.prefill_y = [pts["prefill_ttft_ms"][i] for i in order]
         _check_axis("prefill_isl", self.prefill_x)
         self.kv_axis = pts["decode_active_kv_tokens"]
@@ -82,7 +83,7 @@ class Interpolated:
         _check_axis("decode_context_length", self.ctx_axis)
         grid = pts["decode_itl"]
         if len(grid) != len(self.kv_axis) * len(self.ctx_axis):
-            raise ValueError(
+            raise ConfigError(
                 f"timing.decode_itl: needs len(decode_active_kv_tokens) x "
                 f"len(decode_context_length) = {len(self.kv_axis) * len(self.ctx_axis)} "
                 f"values (KV axis outer), got {len(grid)}"

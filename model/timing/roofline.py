@@ -1,16 +1,21 @@
 """Roofline step time from model geometry x GPU: prefill compute-bound, decode memory-bound.
 
 Each part of a pass costs the larger of its compute time and its memory time, plus a fixed
-overhead, across `tp_size` GPUs (formula and factors in docs/timing.md):
+overhead, across `tp_size` GPUs (formula and factors in docs/timing.md). With the pass summary
+of the mocker (n sequences, integer means of prompt-so-far `isl` and cached/computed `prefix`,
+T = n (isl - prefix) new tokens, chunk c = T / n):
 
-    flops   = 2 P_active T + 4 L H d sum_i t_i (p_i + t_i / 2)     (GEMMs + causal attention)
-    bytes   = W + kv_bytes_per_token x (tokens read from KV cache)
-    t_comp  = flops / (tp x peak_flops x compute_efficiency)
-    t_mem   = bytes / (tp x hbm_bandwidth x memory_efficiency)
-    t_comm  = 2 L (tp - 1)/tp x tokens x hidden x 2 B / nvlink      (tensor-parallel all-reduce)
-    t       = max(t_comp, t_mem) + t_comm + overhead
+    prefill flops = 2 P_gemm T + 4 L H d T (prefix + c / 2)       (GEMMs + causal attention)
+    prefill bytes = W + kv_bytes_per_token x n x isl
+    decode flops  = n (2 P_gemm + 4 L H d ctx)                     (ctx = mean sequence length)
+    decode bytes  = W + kv_bytes_per_token x n x ctx
+    t_comp = flops / (tp x peak x compute_efficiency),  t_mem = bytes / (tp x HBM B/s x
+    memory_efficiency),  t_comm = 2 L (tp - 1)/tp x tokens x hidden x 2 B / NVLink B/s
+    t = max(t_comp, t_mem) + t_comm + overhead
 
-P_active excludes the embedding table (a lookup, not a GEMM); the LM head is counted.
+P_gemm excludes the embedding table (a lookup, not a GEMM); the LM head is counted. The peak is
+the dense BF16 rate for 16-bit models, FP8 for 8-bit (fp8, int8) and half the BF16 rate (TF32)
+for float32.
 """
 
 from __future__ import annotations
@@ -26,7 +31,12 @@ class Roofline:
     ) -> None:
         self.cfg = cfg
         self.tp = tp_size
-        peak_tflops = hw.fp8_tflops if llm.dtype in ("fp8", "int8") else hw.bf16_tflops
+        if llm.dtype in ("fp8", "int8"):
+            peak_tflops = hw.fp8_tflops
+        elif llm.dtype == "float32":
+            peak_tflops = hw.bf16_tflops / 2  # TF32 tensor cores
+        else:
+            peak_tflops = hw.bf16_tflops
         self.flops_per_ms = tp_size * peak_tflops * 1e12 * cfg.compute_efficiency / 1e3
         self.bytes_per_ms = tp_size * hw.hbm_bandwidth_tbps * 1e12 * cfg.memory_efficiency / 1e3
         self.weight_bytes = weight_bytes(llm)

@@ -44,12 +44,20 @@ class Workload:
 
 
 def _rows(
-    cfg: WorkloadConfig, skipped: SkipCounter, streams: dict[str, np.random.Generator]
+    cfg: WorkloadConfig,
+    load: LoadConfig,
+    skipped: SkipCounter,
+    streams: dict[str, np.random.Generator],
 ) -> tuple[Iterable[TraceRow], int | None]:
     """The rows of the source and their trace block size (None: no prefix content)."""
     if isinstance(cfg, MooncakeWorkload):
         rows = read_mooncake(
-            cfg.path, cfg.trace_block_size, cfg.skip_malformed, skipped, cfg.max_requests
+            cfg.path,
+            cfg.trace_block_size,
+            cfg.skip_malformed,
+            skipped,
+            cfg.max_requests,
+            require_timestamps=isinstance(load, TraceLoad),
         )
         return rows, cfg.trace_block_size
     if isinstance(cfg, AzureWorkload):
@@ -66,7 +74,8 @@ def build_workload(
     streams: dict[str, np.random.Generator],
 ) -> Workload:
     skipped = SkipCounter()
-    rows, tbs = _rows(cfg, skipped, streams)
+    rows, tbs = _rows(cfg, load, skipped, streams)
+    seen_ids: set[str] = set()
     sessions: list[Session] = []
     by_id: dict[str, Session] = {}
     prev_ts: dict[str, float | None] = {}
@@ -78,6 +87,12 @@ def build_workload(
             ]
         else:
             prompt = hasher.prompt_hashes(row.hash_ids, row.input_length, tbs)
+        if row.request_id is not None:
+            if row.request_id in seen_ids:
+                raise TraceError(
+                    f"{source}:{row.line}: request_id {row.request_id!r} appears twice"
+                )
+            seen_ids.add(row.request_id)
         sid = row.session_id
         session = by_id.get(sid) if sid is not None else None
         if session is None:

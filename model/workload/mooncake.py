@@ -102,14 +102,22 @@ def read_mooncake(
     skip_malformed: bool = False,
     skipped: SkipCounter | None = None,
     max_requests: int | None = None,
+    require_timestamps: bool = True,
 ) -> Iterator[TraceRow]:
-    """Stream validated rows of a Mooncake JSONL file (blank lines ignored)."""
+    """Stream validated rows of a Mooncake JSONL file (blank lines ignored). First turns need
+    a timestamp, in time order, unless `require_timestamps` is off (a load that sets its own
+    arrival times)."""
     path = existing(path)
-    return bounded(path, _rows(path, trace_block_size, skip_malformed, skipped), max_requests)
+    rows = _rows(path, trace_block_size, skip_malformed, skipped, require_timestamps)
+    return bounded(path, rows, max_requests)
 
 
 def _rows(
-    path: Path, trace_block_size: int, skip_malformed: bool, skipped: SkipCounter | None
+    path: Path,
+    trace_block_size: int,
+    skip_malformed: bool,
+    skipped: SkipCounter | None,
+    require_timestamps: bool,
 ) -> Iterator[TraceRow]:
     skipped = skipped if skipped is not None else SkipCounter()
     sessions_seen: set[str] = set()
@@ -132,11 +140,13 @@ def _rows(
                             f"{where}: trace line {line_no} sets delay on the first turn of "
                             f"session {row.session_id}"
                         )
-                    if row.timestamp_ms is None:
+                    if not require_timestamps:
+                        pass
+                    elif row.timestamp_ms is None:
                         raise TraceError(
                             f"{where}: the first turn of a session needs a timestamp (ms)"
                         )
-                    if row.timestamp_ms < last_first_turn_ms:
+                    elif row.timestamp_ms < last_first_turn_ms:
                         raise TraceError(
                             f"{where}: timestamp {row.timestamp_ms} is earlier than the previous "
                             f"arrival {last_first_turn_ms}; arrivals must be in time order"
@@ -147,7 +157,8 @@ def _rows(
                 skipped.add(str(e))
                 continue
             if first_turn:
-                last_first_turn_ms = row.timestamp_ms  # type: ignore[assignment]
+                if row.timestamp_ms is not None:
+                    last_first_turn_ms = row.timestamp_ms
                 if row.session_id is not None:
                     sessions_seen.add(row.session_id)
             yield row

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -25,14 +26,31 @@ def composed(overrides: list[str]):
         return compose("config", overrides=overrides)
 
 
+PROFILE = {
+    "prefill_isl": [100, 1000],
+    "prefill_ttft_ms": [10.0, 100.0],
+    "decode_active_kv_tokens": [0, 1000],
+    "decode_context_length": [0, 100],
+    "decode_itl": [2.0, 4.0, 6.0, 8.0],
+}
+
+
 def validated(overrides: list[str], tmp_path: Path):
+    """Compose and validate, filling the mandatory file paths (??? in conf/) with small files."""
     cfg = composed(overrides)
+    extra = []
     if OmegaConf.is_missing(cfg.workload, "path"):
         trace = tmp_path / "t.jsonl"
         trace.write_text(
             '{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n'
         )
-        cfg = composed([*overrides, f"workload.path={trace}"])
+        extra.append(f"workload.path={trace}")
+    if cfg.timing.kind == "interpolated" and OmegaConf.is_missing(cfg.timing, "path"):
+        profile = tmp_path / "profile.json"
+        profile.write_text(json.dumps(PROFILE))
+        extra.append(f"timing.path={profile}")
+    if extra:
+        cfg = composed([*overrides, *extra])
     return validate_config(OmegaConf.to_container(cfg, resolve=True))
 
 
@@ -105,3 +123,18 @@ def test_unknown_override_key_is_rejected_by_hydra():
 def test_missing_trace_path_names_the_key(tmp_path):
     with pytest.raises(ConfigError, match="workload.path"):
         run(composed(["workload=mooncake"]), str(tmp_path))
+
+
+def test_interpolated_profile_from_a_file_runs(tmp_path):
+    """timing=interpolated_file reads the five arrays from timing.path."""
+    from model import simulate
+
+    cfg = validated(["timing=interpolated_file"], tmp_path)
+    assert cfg.timing.path.endswith("profile.json")
+    small = cfg.model_copy(update={"workload": cfg.workload.model_copy(update={"num_sessions": 5})})
+    assert simulate(small).summary["completed_requests"] == 15
+
+
+def test_a_misspelt_experiment_is_an_error():
+    with pytest.raises(Exception, match="experiment/nope"):
+        composed(["experiment=nope"])

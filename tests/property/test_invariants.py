@@ -127,6 +127,10 @@ def test_cutoff_loses_nothing(rows, engine, cut):
     assert set(req.terminal_status) <= {"completed", "rejected", "incomplete"}
     done = req[req.terminal_status == "completed"]
     assert (done.terminal_ms <= cut).all()
+    # nothing is stamped after the stop: a pass still running then never ends
+    assert (req.last_token_ms.dropna() <= cut).all()
+    assert (r.passes.end_ms <= cut).all()
+    assert r.summary["n_preemptions"] == int(req.n_preemptions.sum())
 
 
 @settings(max_examples=15, deadline=None)

@@ -136,7 +136,8 @@ def test_format_summary_lists_counts_and_latencies():
     text = format_summary(
         {
             "num_requests": 3,
-            "terminal_status_counts": {"completed": 2, "rejected": 1},
+            "terminal_status_counts": {"completed": 2, "incomplete": 2, "rejected": 1},
+            "not_arrived_requests": 1,
             "duration_ms": 1500.0,
             "wall_time_ms": 20.0,
             "request_throughput_rps": 1.3,
@@ -147,4 +148,5 @@ def test_format_summary_lists_counts_and_latencies():
             "median_ttft_ms": None,
         }
     )
-    assert "2 completed, 1 rejected" in text and "12.50" in text and "0.2500" in text
+    assert "requests     5: 2 completed, 2 incomplete, 1 rejected (1 of them never" in text
+    assert "12.50" in text and "0.2500" in text

@@ -129,5 +129,5 @@ def test_equal_timestamps_dispatch_in_line_order(config, trace, load):
     line order: round robin over 2 workers gives workers 0, 1, 0, 1 by line, whatever the ids."""
     rows = [row(0, ids=[i], request_id=rid) for i, rid in enumerate(["d", "c", "b", "a"])]
     df = run(config, trace, rows, load=load, workers=2)
-    assert df["prefill_worker_idx"].to_dict() == {"d": 0, "c": 1, "b": 0, "a": 1}
+    assert df["decode_worker_idx"].to_dict() == {"d": 0, "c": 1, "b": 0, "a": 1}
     assert (df["arrival_ms"] == 0.0).all()
