@@ -183,7 +183,10 @@ def simulate(cfg: RunConfig) -> Result:
 
     # whatever has not ended was cut off by the stop time
     stopped_at = env.now
-    for req in cluster.in_flight():
+    in_flight = cluster.in_flight()
+    # levels hold until the last thing happened: the stop, if it cut requests off
+    activity_end = stopped_at if in_flight else recorder.last_event_ms
+    for req in in_flight:
         recorder.request_terminal(req, INCOMPLETE, stopped_at, "in flight at max_virtual_time_ms")
     for session in workload.sessions:
         for req in session:
@@ -206,13 +209,13 @@ def simulate(cfg: RunConfig) -> Result:
     summary["committed_prefill_tokens"] = sum(
         w.scheduler.n_committed_prefill_tokens for w in cluster.workers
     )
-    summary["n_preemptions"] = int(passes["preemptions"].sum()) if len(passes) else 0
+    summary["n_preemptions"] = int(requests["n_preemptions"].sum())
     summary["n_passes"] = int(len(passes))
     summary["skipped_trace_rows"] = workload.skipped.count
     if workload.skipped.count:
         summary["skipped_trace_row_examples"] = workload.skipped.examples
     if len(kv):
-        used = time_weighted_mean(kv, "used_blocks", stopped_at)
+        used = time_weighted_mean(kv, "used_blocks", activity_end)
         blocks = num_gpu_blocks(cfg)
         summary["mean_kv_used_ratio"] = float(used.mean() / blocks)
     summary["terminal_status_counts"] = {

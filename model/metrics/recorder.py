@@ -78,7 +78,7 @@ class Recorder:
         self.kv_events: list[tuple] = []
         self.itl_gaps_ms = array("d")  # every inter-token gap of every completed request
         self.token_times: dict[str, array] = {}
-        self.n_skipped_rows = 0
+        self.last_event_ms = 0.0  # the latest pass end or request end recorded
         self._n_kv_events = 0
 
     # ------------------------------------------------------------------ requests
@@ -87,6 +87,8 @@ class Recorder:
         req.terminal_status = status
         req.reason = reason
         req.terminal_ms = now_ms
+        if status != INCOMPLETE and now_ms > self.last_event_ms:
+            self.last_event_ms = now_ms
         n = req.num_output_tokens
         first = req.first_token_ms
         ttft = first - req.arrival_ms if n else NAN
@@ -146,6 +148,8 @@ class Recorder:
         kv_used_blocks: int,
         preemptions: int,
     ) -> None:
+        if end_ms > self.last_event_ms:
+            self.last_event_ms = end_ms
         (a_w, a_r, a_s, a_e, a_pt, a_ps, a_ds, a_kv, a_pre) = self._pass_appends
         a_w(worker)
         a_r(dp_rank)

@@ -87,23 +87,30 @@ def build_workload(
             ]
         else:
             prompt = hasher.prompt_hashes(row.hash_ids, row.input_length, tbs)
-        if row.request_id is not None:
-            if row.request_id in seen_ids:
-                raise TraceError(
-                    f"{source}:{row.line}: request_id {row.request_id!r} appears twice"
-                )
-            seen_ids.add(row.request_id)
+        request_id = row.request_id if row.request_id is not None else str(row.line)
+        if request_id in seen_ids:
+            raise TraceError(
+                f"{source}:{row.line}: request_id {request_id!r} is already taken "
+                "(rows without a request_id are named by their line number)"
+            )
+        seen_ids.add(request_id)
         sid = row.session_id
         session = by_id.get(sid) if sid is not None else None
         if session is None:
             delay = 0.0
             turn = 0
         else:
+            assert sid is not None  # a session was found by its id
             turn = len(session)
-            delay = _follow_up_delay(row, prev_ts[sid], f"{source}:{row.line}")  # type: ignore[index]
+            delay = _follow_up_delay(
+                row,
+                prev_ts[sid],
+                f"{source}:{row.line}",
+                isinstance(load, TraceLoad),
+            )
         req = Request(
             idx=idx,
-            request_id=row.request_id if row.request_id is not None else str(row.line),
+            request_id=request_id,
             input_length=row.input_length,
             output_length=row.output_length,
             prompt_hashes=prompt,
@@ -128,10 +135,15 @@ def build_workload(
     return workload
 
 
-def _follow_up_delay(row: TraceRow, prev_ts: float | None, where: str) -> float:
+def _follow_up_delay(
+    row: TraceRow, prev_ts: float | None, where: str, timestamps_required: bool = True
+) -> float:
+    """A later turn's wait after its predecessor completes: `delay`, else the difference of
+    the two turns' timestamps, else 0 (also when the load sets its own arrival times and the
+    session has no earlier timestamp)."""
     if row.delay_ms is not None:
         return row.delay_ms
-    if row.timestamp_ms is None:
+    if row.timestamp_ms is None or (prev_ts is None and not timestamps_required):
         return 0.0
     if prev_ts is None:
         raise TraceError(

@@ -17,7 +17,7 @@ from model.config.schema import (
     SyntheticWorkload,
     TraceLoad,
 )
-from model.sim import random_streams
+from model.sim import random_streams, simulate
 from model.workload.build import Workload, _follow_up_delay, build_workload
 from model.workload.errors import TraceError
 from model.workload.hashing import BlockHasher
@@ -226,3 +226,31 @@ def test_synthetic_trace_load_uses_its_own_rate():
         [("s1t0", 0, 200.0, 0.0), ("s1t1", 1, None, 15.0)],
         [("s2t0", 0, 400.0, 0.0), ("s2t1", 1, None, 15.0)],
     ]
+
+
+def test_default_request_ids_cannot_collide_with_given_ones(config, trace):
+    """A row without request_id is named by its line; a given id equal to that is an error."""
+    rows = [
+        {"timestamp": 0, "input_length": 8, "output_length": 1, "hash_ids": [1]},
+        {"timestamp": 1, "input_length": 8, "output_length": 1, "hash_ids": [2], "request_id": "1"},
+    ]
+    path = trace(rows)
+    with pytest.raises(TraceError, match=f"{path}:2: request_id '1' is already taken"):
+        simulate(config(workload={"kind": "mooncake", "path": path, "trace_block_size": 8}))
+
+
+def test_later_turns_need_no_timestamps_when_the_load_sets_arrivals(config, trace):
+    """With load=rate (or concurrency) a session may have no timestamps at all: later turns
+    without `delay` follow at once."""
+    rows = [
+        {"session_id": "s", "input_length": 8, "output_length": 1, "hash_ids": [1]},
+        {"session_id": "s", "input_length": 16, "output_length": 1, "hash_ids": [1, 2]},
+    ]
+    cfg = config(
+        workload={"kind": "mooncake", "path": trace(rows), "trace_block_size": 8},
+        load={"kind": "rate", "rate_rps": 1.0},
+        timing={"kind": "fixed", "prefill_ms": 10.0, "decode_ms": 2.0},
+    )
+    req = simulate(cfg).requests
+    assert list(req.terminal_status) == ["completed", "completed"]
+    assert req.arrival_ms.iloc[1] == req.last_token_ms.iloc[0]
