@@ -24,7 +24,7 @@ from model.clock import PASS_END, PASS_START, at_time
 from model.engine.vllm import Batch, VllmScheduler
 from model.kv.block_pool import BlockPool
 from model.metrics.recorder import Recorder
-from model.timing.base import StepTime
+from model.timing.base import StepTime, whole_ns
 from model.workload.request import Request
 
 
@@ -126,7 +126,7 @@ class Worker:
         end = start
         if batch.n_prefill:
             n = batch.n_prefill
-            end += round(st.prefill_ms(n, batch.sum_prefill_isl // n, batch.sum_prefix // n), 6)
+            end += whole_ns(st.prefill_ms(n, batch.sum_prefill_isl // n, batch.sum_prefix // n))
         if batch.n_decode:
             n = batch.n_decode
             # the mocker's decode load is the decoding sequences' token count (shared prefixes
@@ -136,7 +136,7 @@ class Worker:
 
     def _decode_only_ms(self, n: int, sum_ctx: int) -> float:
         """The decode part of a pass of `n` sequences holding `sum_ctx` tokens."""
-        return round(self.step_time.decode_ms(n, sum_ctx, self.total_kv_tokens, sum_ctx // n), 6)
+        return whole_ns(self.step_time.decode_ms(n, sum_ctx, self.total_kv_tokens, sum_ctx // n))
 
     def _record_stretch(
         self, start: float, ends: list[float], registered: list[tuple[int, int]]

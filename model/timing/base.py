@@ -20,6 +20,12 @@ class StepTime(Protocol):
     ) -> float: ...
 
 
+def whole_ns(ms: float) -> float:
+    """`ms` kept in whole nanoseconds, rounded the way the mocker stores a duration: seconds
+    (ms / 1000) rounded to the nanosecond."""
+    return round(round(ms / 1000.0, 9) * 1e9) / 1e6
+
+
 def new_tokens(n: int, mean_isl: int, mean_prefix: int) -> int:
     """New (uncached) tokens of a prefill summary, as the mocker reconstructs them."""
     return n * (mean_isl - mean_prefix)

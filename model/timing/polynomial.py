@@ -30,4 +30,5 @@ class Polynomial:
             return 0.0
         u = min(1.0, active_kv_tokens / total_kv_tokens) if total_kv_tokens > 0 else 1.0
         c = self.cfg
-        return max(c.decode_floor_ms, c.decode_a * u * u + c.decode_b * u + c.decode_c)
+        # a' (u u), in that order, as the mocker evaluates it (to the last bit)
+        return max(c.decode_floor_ms, c.decode_a * (u * u) + c.decode_b * u + c.decode_c)

@@ -14,7 +14,12 @@ def p(t: float) -> float:
 
 def d(tokens: int, total: int = 16384 * 64) -> float:
     u = min(1.0, tokens / total)
-    return max(1.0, -25.74 * u * u + 54.01 * u + 5.74)
+    return max(1.0, -25.74 * (u * u) + 54.01 * u + 5.74)
+
+
+def ns(ms: float) -> float:
+    """A duration as the mocker keeps it: seconds rounded to the nanosecond."""
+    return round(round(ms / 1000, 9) * 1e9) / 1e6
 
 
 @pytest.mark.parametrize("n_in,n_out", [(1000, 1), (1000, 5), (5000, 40), (20000, 3)])
@@ -34,10 +39,10 @@ def test_lone_request_takes_prefill_plus_decodes(config, trace, n_in, n_out):
     )
     req = simulate(cfg).requests.iloc[0]
     chunks = [8192] * (n_in // 8192) + ([n_in % 8192] if n_in % 8192 else [])
-    ttft = sum(round(p(c), 6) for c in chunks)
-    e2e = ttft + sum(round(d(n_in + k), 6) for k in range(1, n_out))
-    assert req.ttft_ms == pytest.approx(ttft, abs=1e-6)
-    assert req.e2e_latency_ms == pytest.approx(e2e, abs=1e-6)
+    ttft = sum(ns(p(c)) for c in chunks)
+    e2e = ttft + sum(ns(d(n_in + k)) for k in range(1, n_out))
+    assert req.ttft_ms == pytest.approx(ttft, abs=1e-9)
+    assert req.e2e_latency_ms == pytest.approx(e2e, abs=1e-9)
     assert req.output_length == n_out
 
 

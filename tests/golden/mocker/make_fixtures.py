@@ -3,7 +3,7 @@
 Each case directory holds a small hand-shaped Mooncake trace (generated here from a fixed seed,
 never copied from a shared trace), `case.json` (the servesim Hydra overrides and the exact
 keyword arguments given to Dynamo's mocker), and the mocker's outputs: `summary.json` and
-`requests.jsonl` (its `report_jsonl_path` records).
+`requests.jsonl` (its `report_jsonl_path` records, trimmed to `REQUEST_FIELDS`).
 
     /work/venvs/dynamo/bin/python tests/golden/mocker/make_fixtures.py           # everything
     python tests/golden/mocker/make_fixtures.py --traces-only                   # no mocker
@@ -14,9 +14,12 @@ Only the standard library is used, so the first form runs in the mocker's own en
 Normalisation of the mocker outputs, so that a regeneration gives a clean diff:
 * `summary.json`: the host-speed keys (`wall_time_ms`, `processed_tokens_per_s`,
   `processed_output_tokens_per_s`) are dropped;
-* `requests.jsonl`: the random `uuid` field is dropped and the rows are sorted by
-  (arrival_time_ms, input_length, requested_output_length, first_token_ms, terminal_time_ms);
-  every other field is written as the mocker wrote it.
+* `requests.jsonl`: only the fields in `REQUEST_FIELDS` are kept (those the golden test reads
+  plus a few times and counts useful when a case fails), in that order, with the values the
+  mocker wrote; the rest (the random `uuid`, routing and admission histories, disaggregation
+  fields that are null here, ...) is dropped. The rows are sorted by (arrival_time_ms,
+  input_length, requested_output_length, first_token_ms, terminal_time_ms), because the
+  mocker writes rows with equal arrival times in a random order.
 """
 
 from __future__ import annotations
@@ -35,6 +38,27 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 WALL_KEYS = ("wall_time_ms", "processed_tokens_per_s", "processed_output_tokens_per_s")
 MAX_TRACE_BYTES = 100_000
+# The per-request fields kept from the mocker's report_jsonl_path records. The golden test reads
+# arrival_time_ms, input_length, requested_output_length, output_length, first_token_ms,
+# terminal_time_ms, reused_input_tokens, terminal_status and decode_worker_idx; the others are
+# kept for debugging a failing case.
+REQUEST_FIELDS = (
+    "arrival_time_ms",
+    "first_admit_ms",
+    "first_token_ms",
+    "last_token_ms",
+    "terminal_time_ms",
+    "ttft_ms",
+    "itl_ms",
+    "e2e_latency_ms",
+    "input_length",
+    "requested_output_length",
+    "output_length",
+    "reused_input_tokens",
+    "decode_worker_idx",
+    "admission_count",
+    "terminal_status",
+)
 
 Row = dict[str, Any]
 
@@ -222,11 +246,12 @@ def session_trace(seed: int = 4, n_sessions: int = 30) -> list[Row]:
 
 
 def mixed_pass_trace() -> list[Row]:
-    """The smallest known rounding reproducer. Requests 2 and 3 each arrive during a pass and
-    are prefilled (2 new tokens) in a pass that also decodes request 1. In both mixed passes
-    the prefill part (16.5317885640 ms) and the decode part (5.7433479178 / 5.7434509275 ms)
-    round up to the nanosecond separately, but their sum rounds down, so the mocker's pass is
-    1 ns longer each time and request 3's first token is 2 ns later than servesim's."""
+    """Per-part nanosecond rounding of mixed passes. Requests 2 and 3 each arrive during a pass
+    and are prefilled (2 new tokens) in a pass that also decodes request 1. In both mixed
+    passes the prefill part (16.5317885640 ms) and the decode part (5.7433479178 /
+    5.7434509275 ms) round up to the nanosecond separately, but their sum rounds down: a
+    simulator that rounds the sum instead of each part (as the mocker does) ends request 3
+    2 ns early."""
     return [
         {"timestamp": 0, "input_length": 64, "output_length": 4, "hash_ids": [0]},
         {"timestamp": 1, "input_length": 2, "output_length": 1, "hash_ids": [1]},
@@ -241,6 +266,25 @@ def recompute_trace() -> list[Row]:
         {"timestamp": 0, "input_length": 50, "output_length": 60, "hash_ids": [0]},
         {"timestamp": 0, "input_length": 50, "output_length": 60, "hash_ids": [1]},
     ]
+
+
+def half_ns_tie_trace() -> list[Row]:
+    """Two requests under fixed timing whose prefill part, 102.9435925 ms, is exactly half a
+    nanosecond in decimal. Its binary value is just below the tie, so round(x, 6) gives
+    102.943592 ms; the mocker converts x / 1000 seconds to whole nanoseconds and gets
+    102.943593 ms. Each prefill pass is 1 ns longer in the mocker (trace block size 512)."""
+    return [
+        {"timestamp": 0, "input_length": 64, "output_length": 3, "hash_ids": [0]},
+        {"timestamp": 1000, "input_length": 64, "output_length": 2, "hash_ids": [1]},
+    ]
+
+
+def decode_tie_trace() -> list[Row]:
+    """One 57-token prompt with 2 output tokens on a 13 x 16-token pool: its decode pass holds
+    58 of 208 tokens, u = 58 / 208, and the decode polynomial lands on a half-nanosecond tie,
+    18.7990625 ms, where the last bit depends on how a u^2 + b u + c is evaluated: (a u) u
+    gives 18.799062499999998, a (u u) gives 18.7990625. Trace block size 64."""
+    return [{"timestamp": 0, "input_length": 57, "output_length": 2, "hash_ids": [0]}]
 
 
 # --------------------------------------------------------------------------- cases
@@ -353,6 +397,27 @@ CASES = [
         engine={"num_gpu_blocks": 10, "block_size": 16},
         servesim_overrides=("engine.num_gpu_blocks=10", "engine.block_size=16"),
     ),
+    Case(
+        "i_half_ns_tie",
+        "2 requests, fixed timing with a prefill of 102.9435925 ms: a half-nanosecond tie",
+        half_ns_tie_trace,
+        num_workers=1,
+        engine={"timing_model": {"type": "fixed", "prefill_ms": 102.9435925, "decode_ms": 2.0}},
+        servesim_overrides=(
+            "timing=fixed",
+            "timing.prefill_ms=102.9435925",
+            "timing.decode_ms=2.0",
+        ),
+    ),
+    Case(
+        "j_decode_poly_tie",
+        "1 request whose decode pass costs 18.7990625 ms (a half-nanosecond tie) by the polynomial",
+        decode_tie_trace,
+        num_workers=1,
+        trace_block_size=64,
+        engine={"num_gpu_blocks": 13, "block_size": 16},
+        servesim_overrides=("engine.num_gpu_blocks=13", "engine.block_size=16"),
+    ),
 ]
 
 
@@ -390,15 +455,17 @@ def run_mocker(case: Case, case_dir: Path) -> None:
     summary = {k: v for k, v in dict(result.summary).items() if k not in WALL_KEYS}
     summary["_mocker_version"] = f"ai-dynamo-runtime {metadata.version('ai-dynamo-runtime')}"
     (case_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    records = [json.loads(line) for line in raw.read_text().splitlines() if line.strip()]
+    raw_records = [json.loads(line) for line in raw.read_text().splitlines() if line.strip()]
     raw.unlink()
-    for rec in records:
-        rec.pop("uuid", None)
+    missing = sorted({f for rec in raw_records for f in REQUEST_FIELDS if f not in rec})
+    if missing:
+        raise SystemExit(f"{case.name}: the mocker's records lack {missing}")
+    records = [{f: rec[f] for f in REQUEST_FIELDS} for rec in raw_records]
     records.sort(key=_sort_key)
     (case_dir / "requests.jsonl").write_text(
         "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records)
     )
-    readmitted = sum(1 for r in records if r.get("readmission_count"))
+    readmitted = sum(1 for r in records if r["admission_count"] > 1)
     print(
         f"{case.name}: {len(records)} records, {summary['completed_requests']} completed, "
         f"{readmitted} readmitted, mocker {wall:.3f} s"
