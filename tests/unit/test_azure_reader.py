@@ -7,13 +7,14 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import SHARED_TRACES
 
 from model.workload.azure import read_azure
 from model.workload.errors import TraceError
 from model.workload.mooncake import SkipCounter, TraceRow
 
 HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens"
-REAL_CODE_TRACE = Path("/work/shared/traces/AzureLLMInferenceTrace_code.csv")
+REAL_CODE_TRACE = SHARED_TRACES / "AzureLLMInferenceTrace_code.csv"
 
 
 def write(tmp_path: Path, lines: list[str], bom: bool = False, header: str = HEADER) -> Path:
