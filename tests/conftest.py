@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -13,9 +14,11 @@ import pytest
 from model.config import RunConfig, validate_config
 
 REPO = Path(__file__).resolve().parents[1]
+# the public traces (not in the repo): next to the checkout, or where SERVESIM_SHARED_TRACES says
 SHARED_TRACES = REPO.parent.parent / "shared" / "traces"
 if not SHARED_TRACES.is_dir():
     SHARED_TRACES = Path("/work/shared/traces")
+SHARED_TRACES = Path(os.environ.get("SERVESIM_SHARED_TRACES", SHARED_TRACES))
 
 LLAMA3_8B = {
     "name": "llama3_8b",
