@@ -187,46 +187,6 @@ class VllmScheduler:
 
     # ------------------------------------------------------------------ one pass
 
-    def decode_pass(self) -> Batch | None:
-        """The next pass when nothing waits and every running request is one decode token
-        short of caught up, planned directly: the same batch `schedule` would form, for less
-        work. None when that is not the case (or a block would not fit): use `schedule`."""
-        if self.waiting:
-            return None
-        running = self.running
-        n = len(running)
-        if n == 0 or n > self.cfg.max_num_batched_tokens:
-            return None
-        bs = self.block_size
-        pool = self.pool
-        need = sum_ctx = 0
-        for r in running:
-            c = r.num_computed_tokens
-            p = r.input_length
-            seq = p + r.num_output_tokens
-            if c < p or seq - c != 1:
-                return None
-            if c >= (len(r.held_hashes) + r.held_private_blocks) * bs:
-                need += 1
-            sum_ctx += seq
-        if need > pool.free_blocks:
-            return None  # someone would be preempted: the general path decides who
-        caching = pool.enable_caching
-        batch = Batch()
-        items = batch.items
-        for r in running:
-            c = r.num_computed_tokens + 1
-            if c > (len(r.held_hashes) + r.held_private_blocks) * bs:
-                pool.allocate(r, 1)
-            r.num_computed_tokens = c
-            if caching and c % bs == 0:
-                pool.register(r, self._block_hash(r, c // bs - 1))
-            items.append((r, 1, 0, r.input_length))
-        batch.n_decode = n
-        batch.sum_decode_context = sum_ctx
-        batch.active_blocks = len(pool.refcount) + pool.n_private
-        return batch
-
     def decode_stretch(
         self, start_ms: float, horizon_ms: float, decode_ms: Callable[[int, int], float]
     ) -> tuple[list[float], list[tuple[int, int]]]:

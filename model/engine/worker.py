@@ -91,7 +91,7 @@ class Worker:
                     if ends:
                         self._record_stretch(t, ends, registered)
                         t = ends[-1]
-                batch = (self.fast_forward and sched.decode_pass()) or sched.schedule(t)
+                batch = sched.schedule(t)
                 if not batch.items:
                     if not (batch.rejected or batch.n_preempted):
                         if sched.has_work():
