@@ -74,6 +74,16 @@ DEFAULT_TRACES = Path("/work/shared/traces")
 
 # agreement tolerances (the targets of experiments/compare_dynamo.py)
 TTFT_TOL = 0.02
+# servesim summary keys carried into the benchmark results
+REPORTED_KEYS = (
+    "num_requests",
+    "completed_requests",
+    "mean_ttft_ms",
+    "duration_ms",
+    "prefix_cache_reused_ratio",
+    "n_passes",
+    "n_preemptions",
+)
 COMPLETED_TOL = 0.01
 
 
@@ -145,18 +155,7 @@ def child_main(request_path: str, result_path: str) -> int:
         "import_s": t1 - t0,
         "config_s": t2 - t1,
         "simulate_s": t3 - t2,
-        "summary": {
-            k: s.get(k)
-            for k in (
-                "num_requests",
-                "completed_requests",
-                "mean_ttft_ms",
-                "duration_ms",
-                "prefix_cache_reused_ratio",
-                "n_passes",
-                "n_preemptions",
-            )
-        },
+        "summary": {k: s.get(k) for k in REPORTED_KEYS},
     }
     if profile_rows is not None:
         out["profile"] = profile_rows
@@ -849,15 +848,7 @@ def to_json(
                 ],
                 "summary": {
                     k: v.samples[0].summary.get(k)
-                    for k in (
-                        "num_requests",
-                        "completed_requests",
-                        "mean_ttft_ms",
-                        "duration_ms",
-                        "prefix_cache_reused_ratio",
-                        "n_passes",
-                        "n_preemptions",
-                    )
+                    for k in REPORTED_KEYS
                     if k in v.samples[0].summary
                 },
             }
