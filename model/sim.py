@@ -210,6 +210,7 @@ def simulate(cfg: RunConfig) -> Result:
         w.scheduler.n_committed_prefill_tokens for w in cluster.workers
     )
     summary["n_preemptions"] = int(requests["n_preemptions"].sum())
+    summary["n_kv_evictions"] = sum(w.pool.n_evictions for w in cluster.workers)
     summary["n_passes"] = int(len(passes))
     summary["skipped_trace_rows"] = workload.skipped.count
     if workload.skipped.count:

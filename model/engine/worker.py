@@ -61,8 +61,6 @@ class Worker:
         self.fast_forward = fast_forward
         self._wake: simpy.Event | None = None
         self._kv_level = (-1, -1)
-        self.n_passes = 0
-        self.busy_ms = 0.0
         self.process = env.process(self.run())
 
     def submit(self, req: Request) -> None:
@@ -149,8 +147,6 @@ class Worker:
         for end in ends:
             pass_done(self.idx, 0, t, end, 0, 0, n, active, 0)
             t = end
-        self.n_passes += len(ends)
-        self.busy_ms += ends[-1] - start
         if self.pool.pending_events:
             events = self.pool.take_events()
             for (i, h), (kind, h2) in zip(registered, events, strict=True):
@@ -171,8 +167,6 @@ class Worker:
             times = req.token_times_ms
             if times is not None:
                 times.append(end)
-        self.n_passes += 1
-        self.busy_ms += end - start
         self.recorder.pass_done(
             self.idx,
             0,

@@ -123,3 +123,11 @@ def test_caching_disabled_keeps_everything_private():
     assert pool.refcount == {} and pool.n_private == 2 and pool.match([1]) == (0, 0)
     pool.release(a)
     assert pool.n_active == 0 and pool.n_cached == 0
+
+
+def test_evictions_are_counted():
+    pool = BlockPool(2)
+    a = req()
+    fill(pool, a, [1, 2])
+    pool.release(a)
+    assert pool.allocate(req(), 2) and pool.n_evictions == 2
