@@ -203,14 +203,13 @@ def simulate(cfg: RunConfig) -> Result:
         requests,
         np.frombuffer(recorder.itl_gaps_ms, dtype=float),
         num_workers=cfg.topology.num_workers,
-        gpus_per_worker=cfg.engine.tp_size,
+        gpus_per_worker=cfg.engine.tp_size * cfg.engine.dp_size,
         wall_time_ms=wall_ms,
     )
-    summary["committed_prefill_tokens"] = sum(
-        w.scheduler.n_committed_prefill_tokens for w in cluster.workers
-    )
+    ranks = [r for w in cluster.workers for r in w.ranks]
+    summary["committed_prefill_tokens"] = sum(r.scheduler.n_committed_prefill_tokens for r in ranks)
     summary["n_preemptions"] = int(requests["n_preemptions"].sum())
-    summary["n_kv_evictions"] = sum(w.pool.n_evictions for w in cluster.workers)
+    summary["n_kv_evictions"] = sum(r.pool.n_evictions for r in ranks)
     summary["n_passes"] = int(len(passes))
     summary["skipped_trace_rows"] = workload.skipped.count
     if workload.skipped.count:

@@ -44,13 +44,20 @@ class AggregatedCluster:
         step_time = build_step_time(cfg)
         self.workers: list[Worker] = []
         for w in range(cfg.topology.num_workers):
-            pool = BlockPool(blocks, cfg.engine.enable_prefix_caching, cfg.output.kv_events)
-            sched = VllmScheduler(cfg.engine, pool, hasher, self._admitted)
+            scheds = [
+                VllmScheduler(
+                    cfg.engine,
+                    BlockPool(blocks, cfg.engine.enable_prefix_caching, cfg.output.kv_events),
+                    hasher,
+                    self._admitted,
+                )
+                for _ in range(cfg.engine.dp_size)
+            ]
             self.workers.append(
                 Worker(
                     env,
                     w,
-                    sched,
+                    scheds,
                     step_time,
                     recorder,
                     self._completed,
@@ -60,7 +67,7 @@ class AggregatedCluster:
                     cfg.engine.fast_forward,
                 )
             )
-        self.router = build_router(cfg.router, len(self.workers), router_rng)
+        self.router = build_router(cfg.router, len(self.workers), router_rng, cfg.engine.dp_size)
 
     def horizon(self) -> float:
         """The earliest time a request could next reach any worker."""
@@ -78,7 +85,8 @@ class AggregatedCluster:
         req.token_times_ms = array("d")
         self.n_in_flight += 1
         self.n_dispatched += 1
-        self.workers[self.router.route(req)].submit(req)
+        worker, rank = self.router.route(req)
+        self.workers[worker].submit(req, rank)
 
     def _admitted(self, req: Request, reused_tokens: int, now_ms: float) -> None:
         if req.n_admissions == 1:
@@ -104,6 +112,7 @@ class AggregatedCluster:
         """Requests dispatched but not ended, worker by worker (running, then waiting)."""
         out: list[Request] = []
         for w in self.workers:
-            out.extend(w.scheduler.running)
-            out.extend(w.scheduler.waiting)
+            for rank in w.ranks:
+                out.extend(rank.scheduler.running)
+                out.extend(rank.scheduler.waiting)
         return out

@@ -78,6 +78,12 @@ class VllmEngineConfig(Schema):
         2.0, description="HBM kept for activations and runtime when num_gpu_blocks is derived"
     )
     tp_size: int = Field(1, ge=1)
+    dp_size: int = Field(
+        1,
+        ge=1,
+        description="attention data-parallel ranks per worker, each with its own "
+        "scheduler and num_gpu_blocks KV pool, run in lock-step",
+    )
     max_num_seqs: int = Field(256, gt=0)
     max_num_batched_tokens: int = Field(8192, gt=0)
     enable_prefix_caching: bool = True

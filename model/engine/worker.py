@@ -1,10 +1,14 @@
 """An engine worker: the SimPy process that runs one forward pass after another.
 
 The worker sleeps on a wake-up event while it has nothing to do. With work, it lets every event
-of the current instant land first (arrivals join the pass that starts now), asks its scheduler
-for a batch, prices the pass with the timing model (prefill part + decode part), holds for that
-long, then applies the pass: tokens stamped at the pass end, requests completed, blocks released,
-KV events published.
+of the current instant land first (arrivals join the pass that starts now), asks each of its
+scheduler ranks for a batch, prices the pass with the timing model (prefill part + decode
+part), holds for that long, then applies the pass: tokens stamped at the pass end, requests
+completed, blocks released, KV events published.
+
+With attention data parallelism (`dp_size` > 1) the worker has one scheduler and one KV pool per
+rank. The ranks run in lock-step: every rank with work forms its own batch, and the pass lasts
+as long as the slowest rank's (the others, idle ones included, wait for it).
 
 Passes that end before anything can reach this worker are chained: while the cluster's
 horizon (the next time a request could be dispatched, or the stop time) is later than a pass's
@@ -28,14 +32,27 @@ from model.timing.base import StepTime, whole_ns
 from model.workload.request import Request
 
 
+class Rank:
+    """One attention-DP rank of a worker: its scheduler, its KV pool, its name."""
+
+    __slots__ = ("dp_rank", "scheduler", "pool", "name", "kv_level")
+
+    def __init__(self, dp_rank: int, scheduler: VllmScheduler, name: str) -> None:
+        self.dp_rank = dp_rank
+        self.scheduler = scheduler
+        self.pool: BlockPool = scheduler.pool
+        self.name = name
+        self.kv_level = (-1, -1)
+
+
 class Worker:
-    """Worker `idx` (dotted name `cluster.w{idx}`) with one scheduler rank."""
+    """Worker `idx` (dotted name `cluster.w{idx}`, ranks `cluster.w{idx}.r{k}` when dp > 1)."""
 
     def __init__(
         self,
         env: simpy.Environment,
         idx: int,
-        scheduler: VllmScheduler,
+        schedulers: list[VllmScheduler],
         step_time: StepTime,
         recorder: Recorder,
         on_complete: Callable[[Request], None],
@@ -43,38 +60,60 @@ class Worker:
         num_workers: int = 1,
         horizon: Callable[[], float] | None = None,
         fast_forward: bool = True,
+        name: str | None = None,
     ) -> None:
         self.env = env
         self.idx = idx
-        self.name = f"cluster.w{idx}"
-        self.scheduler = scheduler
-        self.pool: BlockPool = scheduler.pool
+        self.name = name or f"cluster.w{idx}"
+        multi = len(schedulers) > 1
+        self.ranks = [
+            Rank(k, s, f"{self.name}.r{k}" if multi else self.name)
+            for k, s in enumerate(schedulers)
+        ]
         self.step_time = step_time
         self.recorder = recorder
         self.on_complete = on_complete
         self.on_reject = on_reject
-        self.block_size = scheduler.block_size
-        self.total_kv_tokens = self.pool.capacity_blocks * self.block_size
+        first = schedulers[0]
+        self.block_size = first.block_size
+        self.total_kv_tokens = first.pool.capacity_blocks * self.block_size
         # passes ending at one instant complete in worker order
         self.end_phase = PASS_END + idx / (num_workers + 1)
         self.horizon = horizon if horizon is not None else env.peek
         self.fast_forward = fast_forward
         self._wake: simpy.Event | None = None
-        self._kv_level = (-1, -1)
         self.process = env.process(self.run())
 
-    def submit(self, req: Request) -> None:
+    @property
+    def scheduler(self) -> VllmScheduler:
+        """The scheduler of rank 0 (the only one without attention DP)."""
+        return self.ranks[0].scheduler
+
+    @property
+    def pool(self) -> BlockPool:
+        return self.ranks[0].pool
+
+    def submit(self, req: Request, dp_rank: int = 0) -> None:
         req.worker_idx = self.idx
-        self.scheduler.enqueue(req)
+        req.dp_rank = dp_rank
+        self.ranks[dp_rank].scheduler.enqueue(req)
+        self.wake()
+
+    def wake(self) -> None:
+        """Something arrived: a sleeping worker plans a pass at this instant."""
         wake = self._wake
         if wake is not None and not wake.triggered:
             wake.succeed()
 
+    def has_work(self) -> bool:
+        return any(r.scheduler.has_work() for r in self.ranks)
+
     def run(self) -> Generator[simpy.Event, None, None]:
         env = self.env
-        sched = self.scheduler
+        ranks = self.ranks
+        single = ranks[0].scheduler if len(ranks) == 1 else None
         while True:
-            if not sched.has_work():
+            if not self.has_work():
                 self._wake = env.event()
                 yield self._wake
                 self._wake = None
@@ -84,42 +123,44 @@ class Worker:
             t = env.now
             horizon = self.horizon()  # nothing can reach this worker before then
             while True:
-                if self.fast_forward:
-                    ends, registered = sched.decode_stretch(t, horizon, self._decode_only_ms)
+                if single is not None and self.fast_forward:
+                    ends, registered = single.decode_stretch(t, horizon, self._decode_only_ms)
                     if ends:
                         self._record_stretch(t, ends, registered)
                         t = ends[-1]
-                batch = sched.schedule(t)
-                if not batch.items:
-                    if not (batch.rejected or batch.n_preempted):
-                        if sched.has_work():
+                batches = [r.scheduler.schedule(t) for r in ranks]
+                if not any(b.items for b in batches):
+                    if not any(b.rejected or b.n_preempted for b in batches):
+                        if self.has_work():
                             raise RuntimeError(f"{self.name} stalled at {t} ms with work")
                         break
                     # only rejections, or a request that preempted itself: a pass of no
                     # length that ends at once
                     if t > env.now:
                         yield at_time(env, t, self.end_phase)
-                    self._deliver(self._finish(batch, t, t), batch)
+                    self._deliver(self._finish(batches, t, t), batches)
                     break
-                self._sample_kv(t)
-                end = self._end_of(batch, t)
+                for rank in ranks:
+                    self._sample_kv(rank, t)
+                # lock-step ranks: the pass ends when the slowest rank's work does
+                end = max(self._end_of(b, t) for b in batches)
                 if end >= horizon or not self.fast_forward:
                     # something may happen before this pass ends (or the run may stop):
                     # apply it at its end, as it comes
                     yield at_time(env, end, self.end_phase)
-                    self._deliver(self._finish(batch, t, end), batch)
+                    self._deliver(self._finish(batches, t, end), batches)
                     break
                 # nothing can happen before the end: apply it now, deliver at its end
-                done = self._finish(batch, t, end)
-                if done or batch.rejected:
+                done = self._finish(batches, t, end)
+                if done or any(b.rejected for b in batches):
                     yield at_time(env, end, self.end_phase)
-                    self._deliver(done, batch)
+                    self._deliver(done, batches)
                     break
                 t = end  # chain the next pass
 
     def _end_of(self, batch: Batch, start: float) -> float:
-        """When a pass starting at `start` ends: start + prefill part + decode part, each
-        part kept in whole nanoseconds (as the mocker does)."""
+        """When one rank's work starting at `start` ends: start + prefill part + decode part,
+        each part kept in whole nanoseconds (as the mocker does)."""
         st = self.step_time
         end = start
         if batch.n_prefill:
@@ -140,60 +181,70 @@ class Worker:
         self, start: float, ends: list[float], registered: list[tuple[int, int]]
     ) -> None:
         """Record fast-forwarded decode passes as the pass-by-pass loop would have."""
-        n = len(self.scheduler.running)
-        active = len(self.pool.refcount) + self.pool.n_private
+        rank = self.ranks[0]
+        n = len(rank.scheduler.running)
+        active = len(rank.pool.refcount) + rank.pool.n_private
         pass_done = self.recorder.pass_done
         t = start
         for end in ends:
             pass_done(self.idx, 0, t, end, 0, 0, n, active, 0)
             t = end
-        if self.pool.pending_events:
-            events = self.pool.take_events()
+        if rank.pool.pending_events:
+            events = rank.pool.take_events()
             for (i, h), (kind, h2) in zip(registered, events, strict=True):
                 assert h == h2
                 self.recorder.kv_event(ends[i], self.idx, 0, kind, "device", h)
 
-    def _finish(self, batch: Batch, start: float, end: float) -> list[Request]:
+    def _finish(self, batches: list[Batch], start: float, end: float) -> list[Request]:
         """Apply a pass at its end time: stamp tokens, release finished requests' blocks,
-        record the pass. Returns the completed requests (delivered by `_deliver`)."""
-        done, emitted = self.scheduler.finish(batch)
-        for req in emitted:
-            k = req.num_output_tokens
-            if k == 1:
-                req.first_token_ms = end
-            elif k == 2:
-                req.second_token_ms = end
-            req.last_token_ms = end
-            times = req.token_times_ms
-            if times is not None:
-                times.append(end)
-        self.recorder.pass_done(
-            self.idx,
-            0,
-            start,
-            end,
-            batch.prefill_tokens,
-            batch.n_prefill,
-            batch.n_decode,
-            batch.active_blocks,
-            batch.n_preempted,
-        )
-        if self.pool.pending_events:
-            for kind, h in self.pool.take_events():
-                self.recorder.kv_event(end, self.idx, 0, kind, "device", h)
-        self._sample_kv(end)
+        record each rank's part. Returns the completed requests (delivered by `_deliver`)."""
+        done: list[Request] = []
+        for rank, batch in zip(self.ranks, batches, strict=True):
+            if not (batch.items or batch.rejected or batch.n_preempted):
+                continue  # an idle rank waits out the pass; it records nothing
+            finished, emitted = rank.scheduler.finish(batch)
+            done.extend(finished)
+            for req in emitted:
+                k = req.num_output_tokens
+                if k == 1:
+                    req.first_token_ms = end
+                elif k == 2:
+                    req.second_token_ms = end
+                req.last_token_ms = end
+                times = req.token_times_ms
+                if times is not None:
+                    times.append(end)
+            self.recorder.pass_done(
+                self.idx,
+                rank.dp_rank,
+                start,
+                end,
+                batch.prefill_tokens,
+                batch.n_prefill,
+                batch.n_decode,
+                batch.active_blocks,
+                batch.n_preempted,
+            )
+            pool = rank.pool
+            if pool.pending_events:
+                for kind, h in pool.take_events():
+                    self.recorder.kv_event(end, self.idx, rank.dp_rank, kind, "device", h)
+            self._sample_kv(rank, end)
         return done
 
-    def _deliver(self, done: list[Request], batch: Batch) -> None:
+    def _deliver(self, done: list[Request], batches: list[Batch]) -> None:
         """End rejected and completed requests now (this may wake drivers and routers)."""
-        for req, reason in batch.rejected:
-            self.on_reject(req, reason)
+        for batch in batches:
+            for req, reason in batch.rejected:
+                self.on_reject(req, reason)
         for req in done:
             self.on_complete(req)
 
-    def _sample_kv(self, t: float) -> None:
-        pool = self.pool
+    def _sample_kv(self, rank: Rank, t: float) -> None:
+        pool = rank.pool
         level = (len(pool.refcount) + pool.n_private, len(pool.inactive))
-        if level != self._kv_level:
-            self._kv_level = level
-            self.recorder.kv_level(t, self.name, "device", level[0], level[1])
+        if level != rank.kv_level:
+            rank.kv_level = level
+            self.recorder.kv_level(
+                t, rank.name, "device", level[0], level[1], self.idx, rank.dp_rank
+            )

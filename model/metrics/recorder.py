@@ -32,6 +32,7 @@ REQUEST_COLUMNS = (
     "first_admission_reused_input_tokens",
     "prefill_worker_idx",
     "decode_worker_idx",
+    "dp_rank",
     "n_preemptions",
     "terminal_status",
     "reason",
@@ -48,7 +49,7 @@ PASS_COLUMNS = {
     "kv_used_blocks": "q",
     "preemptions": "i",
 }
-KV_COLUMNS = ("t_ms", "pool", "tier", "used_blocks", "cached_blocks")
+KV_COLUMNS = ("t_ms", "pool", "tier", "used_blocks", "cached_blocks", "worker", "dp_rank")
 KV_EVENT_COLUMNS = ("t_ms", "worker", "dp_rank", "event_id", "kind", "tier", "block_hash")
 
 COMPLETED = "completed"
@@ -128,6 +129,7 @@ class Recorder:
                 req.first_admission_reused_tokens,
                 None,  # prefill worker: only disaggregated topologies have one
                 worker,
+                req.dp_rank,
                 req.n_preemptions,
                 status,
                 reason,
@@ -161,8 +163,17 @@ class Recorder:
         a_kv(kv_used_blocks)
         a_pre(preemptions)
 
-    def kv_level(self, t_ms: float, pool: str, tier: str, used: int, cached: int) -> None:
-        self.kv.append((t_ms, pool, tier, used, cached))
+    def kv_level(
+        self,
+        t_ms: float,
+        pool: str,
+        tier: str,
+        used: int,
+        cached: int,
+        worker: int = -1,
+        dp_rank: int = 0,
+    ) -> None:
+        self.kv.append((t_ms, pool, tier, used, cached, worker, dp_rank))
 
     def kv_event(
         self, t_ms: float, worker: int, dp_rank: int, kind: str, tier: str, block_hash: int

@@ -21,6 +21,7 @@ REQUEST_DTYPES = {
     "first_admission_reused_input_tokens": "int64",
     "prefill_worker_idx": "Int64",
     "decode_worker_idx": "Int64",
+    "dp_rank": "int64",
     "n_preemptions": "int64",
 }
 

@@ -11,10 +11,13 @@ from model.router.random import RandomRouter
 from model.router.round_robin import RoundRobin
 
 
-def build_router(cfg: RouterConfig, num_workers: int, rng: np.random.Generator) -> Router:
+def build_router(
+    cfg: RouterConfig, num_workers: int, rng: np.random.Generator, dp_size: int = 1
+) -> Router:
+    """The configured policy over `num_workers` workers of `dp_size` ranks each."""
     if isinstance(cfg, RandomRouterConfig):
-        return RandomRouter(num_workers, rng)
-    return RoundRobin(num_workers)
+        return RandomRouter(num_workers, rng, dp_size)
+    return RoundRobin(num_workers, dp_size)
 
 
 __all__ = ["Router", "build_router"]

@@ -1,4 +1,5 @@
-"""What a router is: a plain object asked, at each dispatch, which worker takes a request."""
+"""What a router is: a plain object asked, at each dispatch, which worker (and which of its
+attention-DP ranks) takes a request."""
 
 from __future__ import annotations
 
@@ -8,6 +9,6 @@ from model.workload.request import Request
 
 
 class Router(Protocol):
-    def route(self, req: Request) -> int:
-        """Index of the worker that takes `req`."""
+    def route(self, req: Request) -> tuple[int, int]:
+        """The (worker, attention-DP rank) that takes `req`."""
         ...

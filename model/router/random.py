@@ -1,4 +1,5 @@
-"""Random placement: each request to a uniformly drawn worker, from the seeded `router` stream."""
+"""Random placement: each request to a uniformly drawn (worker, rank), from the seeded `router`
+stream."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ from model.workload.request import Request
 
 
 class RandomRouter:
-    def __init__(self, num_workers: int, rng: np.random.Generator) -> None:
+    def __init__(self, num_workers: int, rng: np.random.Generator, dp_size: int = 1) -> None:
         self.num_workers = num_workers
+        self.dp_size = dp_size
         self.rng = rng
 
-    def route(self, req: Request) -> int:
-        return int(self.rng.integers(self.num_workers))
+    def route(self, req: Request) -> tuple[int, int]:
+        k = int(self.rng.integers(self.num_workers * self.dp_size))
+        return k // self.dp_size, k % self.dp_size

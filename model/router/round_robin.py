@@ -1,4 +1,5 @@
-"""Round robin: workers in turn, in dispatch order, starting at worker 0."""
+"""Round robin: workers in turn, in dispatch order, starting at worker 0; within a worker,
+its attention-DP ranks in turn (each worker keeps its own rank counter), as Dynamo's replay."""
 
 from __future__ import annotations
 
@@ -6,11 +7,15 @@ from model.workload.request import Request
 
 
 class RoundRobin:
-    def __init__(self, num_workers: int) -> None:
+    def __init__(self, num_workers: int, dp_size: int = 1) -> None:
         self.num_workers = num_workers
+        self.dp_size = dp_size
         self._next = 0
+        self._next_rank = [0] * num_workers
 
-    def route(self, req: Request) -> int:
+    def route(self, req: Request) -> tuple[int, int]:
         w = self._next
         self._next = (w + 1) % self.num_workers
-        return w
+        rank = self._next_rank[w]
+        self._next_rank[w] = (rank + 1) % self.dp_size
+        return w, rank

@@ -37,6 +37,7 @@ class Request:
         # scheduler state
         "status",
         "worker_idx",
+        "dp_rank",
         "num_computed_tokens",
         "num_output_tokens",
         "held_hashes",
@@ -83,6 +84,7 @@ class Request:
 
         self.status = Status.PENDING
         self.worker_idx = -1
+        self.dp_rank = 0
         self.num_computed_tokens = 0
         self.num_output_tokens = 0
         self.held_hashes: list[int] = []

@@ -34,6 +34,7 @@ engine_strategy = st.fixed_dictionaries(
         "enable_prefix_caching": st.booleans(),
         "enable_chunked_prefill": st.booleans(),
         "preemption_mode": st.sampled_from(["lifo", "fifo"]),
+        "dp_size": st.sampled_from([1, 1, 2]),
     }
 )
 
@@ -110,8 +111,8 @@ def simulate_checked(rows, engine, workers, stop_ms=None):
     assert (tok.last_token_ms >= tok.first_token_ms).all()
     ended = req[req.terminal_status == "completed"]
     assert (ended.terminal_ms >= ended.arrival_ms).all()
-    # passes of one worker do not overlap
-    for _, g in r.passes.groupby("worker"):
+    # passes of one worker rank do not overlap
+    for _, g in r.passes.groupby(["worker", "dp_rank"]):
         starts = g.start_ms.to_numpy()
         ends = g.end_ms.to_numpy()
         assert (ends >= starts).all()
@@ -160,14 +161,15 @@ def test_kv_events_balance(rows, engine):
     is exactly what the pools still cache."""
     r = run(rows, engine, 1)
     ev = r.kv_events
-    live: set[int] = set()
-    for kind, h in zip(ev.kind, ev.block_hash, strict=True):
+    live: set[tuple[int, int, int]] = set()  # (worker, rank, block) stored in that rank's pool
+    for kind, w, k, h in zip(ev.kind, ev.worker, ev.dp_rank, ev.block_hash, strict=True):
+        key = (w, k, h)
         if kind == "stored":
-            assert h not in live
-            live.add(h)
+            assert key not in live
+            live.add(key)
         else:
-            assert h in live
-            live.remove(h)
+            assert key in live
+            live.remove(key)
     if not engine["enable_prefix_caching"]:
         assert len(ev) == 0
     assert not math.isnan(r.summary["duration_ms"])
