@@ -14,7 +14,8 @@ from heapq import heappush
 import simpy
 from simpy.events import Event
 
-PASS_END = -2  # (-1 is kept for transfer completions)
+PASS_END = -2
+TRANSFER_END = -1
 # SimPy uses 0 (URGENT) to start processes and 1 (NORMAL) for timeouts and succeed():
 # arrivals and everything they trigger happen in the NORMAL phase.
 ARRIVAL = 1
@@ -45,3 +46,11 @@ def at_time(env: simpy.Environment, t_ms: float, phase: int | float) -> Event:
     else:
         env.schedule(ev, phase, t_ms - env.now)  # type: ignore[arg-type]  # phases may be floats
     return ev
+
+
+def fire(env: simpy.Environment, event: Event, phase: int | float) -> None:
+    """Trigger `event` now, processed in `phase` among this instant's events (succeed() would
+    always use SimPy's NORMAL priority)."""
+    event._ok = True
+    event._value = None
+    env.schedule(event, phase)  # type: ignore[arg-type]  # phases may be floats

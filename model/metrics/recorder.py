@@ -50,6 +50,16 @@ PASS_COLUMNS = {
     "preemptions": "i",
 }
 KV_COLUMNS = ("t_ms", "pool", "tier", "used_blocks", "cached_blocks", "worker", "dp_rank")
+TRANSFER_COLUMNS = (
+    "request_id",
+    "link",
+    "kind",
+    "submit_ms",
+    "start_ms",
+    "end_ms",
+    "bytes",
+    "tokens",
+)
 KV_EVENT_COLUMNS = ("t_ms", "worker", "dp_rank", "event_id", "kind", "tier", "block_hash")
 
 COMPLETED = "completed"
@@ -77,6 +87,7 @@ class Recorder:
         )
         self.kv: list[tuple] = []
         self.kv_events: list[tuple] = []
+        self.transfers: list[tuple] = []
         self.itl_gaps_ms = array("d")  # every inter-token gap of every completed request
         self.token_times: dict[str, array] = {}
         self.last_event_ms = 0.0  # the latest pass end or request end recorded
@@ -174,6 +185,21 @@ class Recorder:
         dp_rank: int = 0,
     ) -> None:
         self.kv.append((t_ms, pool, tier, used, cached, worker, dp_rank))
+
+    def transfer(
+        self,
+        request_id: str,
+        link: str,
+        kind: str,
+        submit_ms: float,
+        start_ms: float,
+        end_ms: float,
+        n_bytes: int,
+        n_tokens: int,
+    ) -> None:
+        self.transfers.append(
+            (request_id, link, kind, submit_ms, start_ms, end_ms, n_bytes, n_tokens)
+        )
 
     def kv_event(
         self, t_ms: float, worker: int, dp_rank: int, kind: str, tier: str, block_hash: int

@@ -9,6 +9,7 @@ from model.metrics.recorder import (
     KV_COLUMNS,
     KV_EVENT_COLUMNS,
     REQUEST_COLUMNS,
+    TRANSFER_COLUMNS,
     Recorder,
 )
 
@@ -75,3 +76,8 @@ def time_weighted_mean(kv: pd.DataFrame, column: str, end_ms: float) -> pd.Serie
         hold = np.clip(until - np.minimum(t, end_ms), 0.0, None)
         out[pool] = float(np.dot(hold, v) / end_ms)
     return pd.Series(out, dtype="float64")
+
+
+def transfers_table(rec: Recorder) -> pd.DataFrame:
+    """One row per KV transfer, in completion order."""
+    return pd.DataFrame.from_records(rec.transfers, columns=list(TRANSFER_COLUMNS))

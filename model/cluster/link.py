@@ -1,0 +1,171 @@
+"""A KV transfer link: moves a request's KV cache from one pool to another.
+
+A transfer of `b` bytes over a link of `bandwidth_gbps` (decimal GB/s) takes
+`latency_ms + b / (bandwidth_gbps x 1e6)` ms at full line rate. How concurrent transfers share
+the link is the link's contention model:
+
+* `per_request`: every transfer runs at full line rate, whatever else is in flight (Dynamo's
+  mocker models P/D transfers this way);
+* `fifo_lanes`: `lanes` transfers at a time, each at full line rate; the others queue in
+  submission order (a Store served by one SimPy process per lane);
+* `shared`: processor sharing: after its latency, each of the n transfers in flight moves at
+  bandwidth / n (one SimPy process re-plans the next completion whenever n changes).
+
+A link with no bandwidth (`None`) moves KV instantly. Completions fire in the transfer phase of
+the instant (after pass completions, before arrivals), and each transfer is recorded.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Generator
+from dataclasses import dataclass, field
+
+import simpy
+
+from model.clock import TRANSFER_END, at_time, fire
+from model.metrics.recorder import Recorder
+from model.timing.base import whole_ns
+
+
+@dataclass(slots=True)
+class Transfer:
+    request_id: str
+    n_bytes: int
+    n_tokens: int
+    kind: str
+    submitted_ms: float
+    done: simpy.Event
+    started_ms: float = math.nan
+    remaining_bytes: float = 0.0
+    ends: list[float] = field(default_factory=list)
+
+
+class Link:
+    """One link (`name`, e.g. `link.p0-d1`) with its contention model."""
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        name: str,
+        bandwidth_gbps: float | None,
+        latency_ms: float,
+        contention: str,
+        recorder: Recorder,
+        lanes: int = 1,
+    ) -> None:
+        self.env = env
+        self.name = name
+        self.bytes_per_ms = None if bandwidth_gbps is None else bandwidth_gbps * 1e6
+        self.latency_ms = latency_ms
+        self.contention = contention
+        self.recorder = recorder
+        self.n_in_flight = 0
+        if contention == "fifo_lanes" and self.bytes_per_ms is not None:
+            self.queue: simpy.Store = simpy.Store(env)
+            for _ in range(lanes):
+                env.process(self._lane())
+        elif contention == "shared" and self.bytes_per_ms is not None:
+            self.sharing: list[Transfer] = []
+            self._changed = env.event()
+            env.process(self._share())
+
+    def duration_ms(self, n_bytes: int) -> float:
+        """A transfer's time alone on the link (latency + bytes at line rate), in whole ns."""
+        if self.bytes_per_ms is None:
+            return 0.0
+        return whole_ns(self.latency_ms + n_bytes / self.bytes_per_ms)
+
+    def submit(self, request_id: str, n_bytes: int, n_tokens: int, kind: str) -> simpy.Event:
+        """Start moving `n_bytes`; the returned event fires when they have arrived."""
+        env = self.env
+        job = Transfer(request_id, n_bytes, n_tokens, kind, env.now, env.event())
+        self.n_in_flight += 1
+        if self.bytes_per_ms is None or self.contention == "per_request":
+            job.started_ms = env.now
+            end = env.now + self.duration_ms(n_bytes)
+            self._finish_at(job, end)
+        elif self.contention == "fifo_lanes":
+            self.queue.put(job)
+        else:
+            env.process(self._join_after_latency(job))
+        return job.done
+
+    def _finish_at(self, job: Transfer, end: float) -> None:
+        def finished(_: simpy.Event) -> None:
+            self._record(job, end)
+
+        ev = at_time(self.env, end, TRANSFER_END)
+        ev.callbacks.append(finished)
+
+    def _record(self, job: Transfer, end: float) -> None:
+        self.n_in_flight -= 1
+        self.recorder.transfer(
+            job.request_id,
+            self.name,
+            job.kind,
+            job.submitted_ms,
+            job.started_ms,
+            end,
+            job.n_bytes,
+            job.n_tokens,
+        )
+        fire(self.env, job.done, TRANSFER_END)
+
+    # ------------------------------------------------------------------ fifo_lanes
+
+    def _lane(self) -> Generator[simpy.Event, None, None]:
+        env = self.env
+        while True:
+            with self.queue.get() as get:
+                job: Transfer = yield get
+            job.started_ms = env.now
+            end = env.now + self.duration_ms(job.n_bytes)
+            yield at_time(env, end, TRANSFER_END)
+            self._record(job, end)
+
+    # ------------------------------------------------------------------ shared
+
+    def _join_after_latency(self, job: Transfer) -> Generator[simpy.Event, None, None]:
+        env = self.env
+        if self.latency_ms > 0:
+            yield at_time(env, env.now + self.latency_ms, TRANSFER_END)
+        job.started_ms = env.now
+        job.remaining_bytes = float(job.n_bytes)
+        self._advance()
+        self.sharing.append(job)
+        if not self._changed.triggered:
+            self._changed.succeed()
+
+    def _advance(self) -> None:
+        """Move every sharing transfer forward to now at its share of the bandwidth."""
+        now = self.env.now
+        if self.sharing:
+            moved = (now - self._last_ms) * self.bytes_per_ms / len(self.sharing)  # type: ignore[operator]
+            for job in self.sharing:
+                job.remaining_bytes -= moved
+        self._last_ms = now
+
+    def _share(self) -> Generator[simpy.Event, None, None]:
+        env = self.env
+        self._last_ms = env.now
+        while True:
+            if not self.sharing:
+                yield self._changed
+                self._changed = env.event()
+                continue
+            n = len(self.sharing)
+            first = min(self.sharing, key=lambda j: j.remaining_bytes)
+            end = env.now + max(0.0, first.remaining_bytes) * n / self.bytes_per_ms  # type: ignore[operator]
+            timer = at_time(env, end, TRANSFER_END)
+            yield timer | self._changed
+            if self._changed.triggered:
+                self._changed = env.event()
+            self._advance()
+            # complete everything that has (numerically) arrived, in submission order
+            done = [j for j in self.sharing if j.remaining_bytes <= 1e-6]
+            if timer.processed and not done:
+                done = [first]
+            for job in done:
+                self.sharing.remove(job)
+                self._record(job, env.now)
