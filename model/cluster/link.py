@@ -67,6 +67,7 @@ class Link:
                 env.process(self._lane())
         elif contention == "shared" and self.bytes_per_ms is not None:
             self.sharing: list[Transfer] = []
+            self._last_ms = env.now
             self._changed = env.event()
             env.process(self._share())
 
@@ -114,11 +115,11 @@ class Link:
 
     # ------------------------------------------------------------------ fifo_lanes
 
-    def _lane(self) -> Generator[simpy.Event, None, None]:
+    def _lane(self) -> Generator[simpy.Event, Transfer, None]:
         env = self.env
         while True:
             with self.queue.get() as get:
-                job: Transfer = yield get
+                job = yield get
             job.started_ms = env.now
             end = env.now + self.duration_ms(job.n_bytes)
             yield at_time(env, end, TRANSFER_END)
@@ -148,7 +149,6 @@ class Link:
 
     def _share(self) -> Generator[simpy.Event, None, None]:
         env = self.env
-        self._last_ms = env.now
         while True:
             if not self.sharing:
                 yield self._changed
