@@ -23,8 +23,10 @@ import simpy
 
 from model.clock import Environment
 from model.cluster.aggregated import AggregatedCluster
-from model.config.derived import kv_bytes_per_token, num_gpu_blocks
-from model.config.schema import ConcurrencyLoad, RunConfig
+from model.cluster.base import ClusterBase, total_workers
+from model.cluster.disagg import DisaggCluster
+from model.config.derived import kv_bytes_per_token, num_gpu_blocks, role_engines
+from model.config.schema import ConcurrencyLoad, DisaggTopology, RunConfig
 from model.metrics.recorder import INCOMPLETE, Recorder
 from model.metrics.summary import summarize
 from model.metrics.tables import (
@@ -33,6 +35,7 @@ from model.metrics.tables import (
     passes_table,
     requests_table,
     time_weighted_mean,
+    transfers_table,
 )
 from model.workload.build import build_workload
 from model.workload.drivers import closed_loop, open_loop
@@ -57,6 +60,7 @@ class Result:
     passes: pd.DataFrame
     kv: pd.DataFrame
     kv_events: pd.DataFrame
+    transfers: pd.DataFrame
     token_times: dict[str, np.ndarray] = field(default_factory=dict)
 
     def write(self, out_dir: str | Path) -> Path:
@@ -69,6 +73,8 @@ class Result:
             tables = {"requests": self.requests, "passes": self.passes, "kv": self.kv}
             if len(self.kv_events):
                 tables["kv_events"] = self.kv_events
+            if len(self.transfers):
+                tables["transfers"] = self.transfers
             for name, df in tables.items():
                 if output.format == "csv":
                     df.to_csv(out / f"{name}.csv", index=False)
@@ -133,7 +139,29 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def _run(env: simpy.Environment, cluster: AggregatedCluster, total: int, cfg: RunConfig) -> None:
+def pool_sizes(cfg: RunConfig) -> dict[str, int]:
+    """Workers and GPUs per worker (TP x DP) of each pool; aggregated workers are the decode
+    pool, as in Dynamo's summary."""
+    engines = role_engines(cfg)
+    topo = cfg.topology
+    if isinstance(topo, DisaggTopology):
+        p, d = engines["prefill"], engines["decode"]
+        return {
+            "prefill_workers": topo.num_prefill_workers,
+            "prefill_gpus_per_worker": p.tp_size * p.dp_size,
+            "decode_workers": topo.num_decode_workers,
+            "decode_gpus_per_worker": d.tp_size * d.dp_size,
+        }
+    e = engines["aggregated"]
+    return {
+        "prefill_workers": 0,
+        "prefill_gpus_per_worker": 0,
+        "decode_workers": topo.num_workers,
+        "decode_gpus_per_worker": e.tp_size * e.dp_size,
+    }
+
+
+def _run(env: simpy.Environment, cluster: ClusterBase, total: int, cfg: RunConfig) -> None:
     until = cfg.stop.max_virtual_time_ms
     show = cfg.output.progress == "on" or (cfg.output.progress == "auto" and sys.stderr.isatty())
     if not show:
@@ -172,12 +200,15 @@ def simulate(cfg: RunConfig) -> Result:
 
     env = Environment()
     recorder = Recorder(per_token=cfg.output.per_token)
-    cluster = AggregatedCluster(env, cfg, hasher, recorder, streams["router"])
+    cluster_type = DisaggCluster if cfg.topology.kind == "disagg" else AggregatedCluster
+    cluster = cluster_type(env, cfg, hasher, recorder, streams["router"])
     load = cfg.load
     if isinstance(load, ConcurrencyLoad):
         closed_loop(env, workload.sessions, cluster.dispatch, load.concurrency)
     else:
-        cluster.completion_dispatches = any(len(s) > 1 for s in workload.sessions)
+        cluster.completion_dispatches = cluster_type is DisaggCluster or any(
+            len(s) > 1 for s in workload.sessions
+        )
         env.process(open_loop(env, workload.sessions, cluster.dispatch, cluster.announce_arrival))
     _run(env, cluster, workload.num_requests, cfg)
 
@@ -202,8 +233,8 @@ def simulate(cfg: RunConfig) -> Result:
     summary = summarize(
         requests,
         np.frombuffer(recorder.itl_gaps_ms, dtype=float),
-        num_workers=cfg.topology.num_workers,
-        gpus_per_worker=cfg.engine.tp_size * cfg.engine.dp_size,
+        **pool_sizes(cfg),
+        slo=cfg.slo,
         wall_time_ms=wall_ms,
     )
     ranks = [r for w in cluster.workers for r in w.ranks]
@@ -216,8 +247,9 @@ def simulate(cfg: RunConfig) -> Result:
         summary["skipped_trace_row_examples"] = workload.skipped.examples
     if len(kv):
         used = time_weighted_mean(kv, "used_blocks", activity_end)
-        blocks = num_gpu_blocks(cfg)
-        summary["mean_kv_used_ratio"] = float(used.mean() / blocks)
+        capacity = {r.name: r.pool.capacity_blocks for w in cluster.workers for r in w.ranks}
+        ratios = [u / capacity[name] for name, u in used.items()]
+        summary["mean_kv_used_ratio"] = float(np.mean(ratios))
     summary["terminal_status_counts"] = {
         k: int(v) for k, v in requests["terminal_status"].value_counts().sort_index().items()
     }
@@ -228,15 +260,31 @@ def simulate(cfg: RunConfig) -> Result:
         "engine": cfg.engine.kind,
         "timing": cfg.timing.kind,
         "topology": cfg.topology.kind,
-        "num_workers": cfg.topology.num_workers,
+        "num_workers": total_workers(cfg),
+        **pool_sizes(cfg),
         "router": cfg.router.kind,
         "workload": cfg.workload.kind,
         "load": cfg.load.kind,
-        "num_gpu_blocks": num_gpu_blocks(cfg),
+        # per rank: aggregated workers, or the decode pool (prefill_num_gpu_blocks for P/D)
+        **{
+            ("prefill_num_gpu_blocks" if role == "prefill" else "num_gpu_blocks"): num_gpu_blocks(
+                cfg, engine
+            )
+            for role, engine in role_engines(cfg).items()
+        },
         "kv_bytes_per_token": kv_bytes_per_token(cfg.llm),
         "kv_eviction_policy": "lru",
         "versions": _versions(),
         "config": cfg.model_dump(mode="json"),
     }
     token_times = {k: np.frombuffer(v, dtype=float) for k, v in recorder.token_times.items()}
-    return Result(cfg, summary, requests, passes, kv, kv_events_table(recorder), token_times)
+    return Result(
+        cfg,
+        summary,
+        requests,
+        passes,
+        kv,
+        kv_events_table(recorder),
+        transfers_table(recorder),
+        token_times,
+    )

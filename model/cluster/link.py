@@ -25,7 +25,6 @@ import simpy
 
 from model.clock import TRANSFER_END, at_time, fire
 from model.metrics.recorder import Recorder
-from model.timing.base import whole_ns
 
 
 @dataclass(slots=True)
@@ -56,6 +55,7 @@ class Link:
     ) -> None:
         self.env = env
         self.name = name
+        self.bandwidth_gbps = bandwidth_gbps
         self.bytes_per_ms = None if bandwidth_gbps is None else bandwidth_gbps * 1e6
         self.latency_ms = latency_ms
         self.contention = contention
@@ -72,10 +72,11 @@ class Link:
             env.process(self._share())
 
     def duration_ms(self, n_bytes: int) -> float:
-        """A transfer's time alone on the link (latency + bytes at line rate), in whole ns."""
-        if self.bytes_per_ms is None:
+        """A transfer's time alone on the link: latency + bytes at line rate (evaluated as the
+        mocker does, bytes / (GB/s x 1e9) x 1000, and not rounded)."""
+        if self.bandwidth_gbps is None:
             return 0.0
-        return whole_ns(self.latency_ms + n_bytes / self.bytes_per_ms)
+        return self.latency_ms + n_bytes / (self.bandwidth_gbps * 1e9) * 1000
 
     def submit(self, request_id: str, n_bytes: int, n_tokens: int, kind: str) -> simpy.Event:
         """Start moving `n_bytes`; the returned event fires when they have arrived."""

@@ -23,9 +23,10 @@ def weight_bytes(llm: LlmConfig) -> float:
     return llm.num_params_b * 1e9 * DTYPE_BYTES[llm.dtype]
 
 
-def derived_num_gpu_blocks(cfg: RunConfig) -> int:
-    """KV blocks that fit on one worker: TP GPUs' HBM x utilisation, minus weights and reserve."""
-    engine: VllmEngineConfig = cfg.engine
+def derived_num_gpu_blocks(cfg: RunConfig, engine: VllmEngineConfig | None = None) -> int:
+    """KV blocks that fit on one worker rank: its TP GPUs' HBM x utilisation, minus weights and
+    reserve (`engine` defaults to cfg.engine)."""
+    engine = engine or cfg.engine
     tp = engine.tp_size
     usable_bytes = cfg.hardware.hbm_gb * 1e9 * engine.gpu_memory_utilization * tp
     kv_bytes = usable_bytes - weight_bytes(cfg.llm) - engine.activation_reserve_gb * 1e9 * tp
@@ -40,8 +41,44 @@ def derived_num_gpu_blocks(cfg: RunConfig) -> int:
     return blocks
 
 
-def num_gpu_blocks(cfg: RunConfig) -> int:
-    """Configured blocks per worker, or the HBM-derived count when `num_gpu_blocks` is null."""
-    if cfg.engine.num_gpu_blocks is not None:
-        return cfg.engine.num_gpu_blocks
-    return derived_num_gpu_blocks(cfg)
+def num_gpu_blocks(cfg: RunConfig, engine: VllmEngineConfig | None = None) -> int:
+    """Configured blocks per worker rank, or the HBM-derived count when `num_gpu_blocks` is
+    null (`engine` defaults to cfg.engine; pass a role's engine in a disagg topology)."""
+    engine = engine or cfg.engine
+    if engine.num_gpu_blocks is not None:
+        return engine.num_gpu_blocks
+    return derived_num_gpu_blocks(cfg, engine)
+
+
+def role_engine(cfg: RunConfig, role: str) -> VllmEngineConfig:
+    """The engine of one role: `engine`, with the role's overrides in a disagg topology
+    (`role` is "aggregated", "prefill" or "decode")."""
+    topo = cfg.topology
+    if role == "aggregated" or topo.kind != "disagg":
+        return cfg.engine
+    overrides = getattr(topo, role)
+    update = {k: getattr(overrides, k) for k in overrides.model_fields_set}
+    try:
+        return VllmEngineConfig.model_validate({**cfg.engine.model_dump(), **update})
+    except ValueError as e:
+        raise ConfigError(f"topology.{role}: {e}") from None
+
+
+def role_engines(cfg: RunConfig) -> dict[str, VllmEngineConfig]:
+    """Each role's engine, checked for what the roles must share."""
+    if cfg.topology.kind != "disagg":
+        return {"aggregated": cfg.engine}
+    engines = {role: role_engine(cfg, role) for role in ("prefill", "decode")}
+    p, d = engines["prefill"], engines["decode"]
+    if p.block_size != d.block_size:
+        raise ValueError(
+            f"topology.prefill.block_size ({p.block_size}) and topology.decode.block_size "
+            f"({d.block_size}) must match: KV moves between the pools block by block"
+        )
+    if cfg.link.timing_mode == "destination_missing" and not d.enable_prefix_caching:
+        raise ValueError(
+            "link.timing_mode=destination_missing needs prefix caching on the decode side "
+            "(topology.decode.enable_prefix_caching / engine.enable_prefix_caching): without "
+            "it nothing is resident, so say full_prompt"
+        )
+    return engines

@@ -15,7 +15,7 @@ __all__ = ["ConfigError", "validate_config"]
 
 # Fields holding a union chosen by `kind`: pydantic puts the chosen member's tag in the error
 # location (('timing', 'fixed', 'prefill_ms')) where the user wrote timing.prefill_ms.
-TAGGED_UNIONS = {"timing", "router", "workload", "load"}
+TAGGED_UNIONS = {"timing", "router", "workload", "load", "topology"}
 
 
 def _path(loc: tuple[Any, ...]) -> str:
@@ -39,7 +39,9 @@ def format_validation_error(err: ValidationError) -> str:
             got = e["input"]
             if not isinstance(got, Mapping):
                 msg = f"{msg} (got {got!r})"
-        lines.append(f"  {path}: {msg}")
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, ") :]
+        lines.append(f"  {path}: {msg}" if path else f"  {msg}")
     return "invalid config:\n" + "\n".join(lines)
 
 

@@ -8,9 +8,10 @@ never written back here.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import copy
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
@@ -185,7 +186,62 @@ class AggregatedTopology(Schema):
     num_workers: int = Field(2, gt=0)
 
 
-TopologyConfig = AggregatedTopology
+def _optional_copy(model: type[Schema], name: str) -> type[Schema]:
+    """A model with `model`'s fields, every one optional (None = not set), same checks."""
+    fields: dict[str, Any] = {}
+    for field_name, f in model.model_fields.items():
+        if field_name == "kind":
+            continue
+        g = copy.copy(f)
+        g.default = None
+        fields[field_name] = (f.annotation | None, g)  # type: ignore[operator]
+    return create_model(name, __base__=Schema, **fields)
+
+
+# Engine settings one role overrides; what it leaves unset (null) comes from `engine`.
+EngineOverrides = _optional_copy(VllmEngineConfig, "EngineOverrides")
+
+
+class DisaggTopology(Schema):
+    """Prefill/decode disaggregation: a pool of prefill workers, a pool of decode workers, and
+    KV transfers between them (see `link`). Each role runs `engine` with its overrides."""
+
+    kind: Literal["disagg"] = "disagg"
+    num_prefill_workers: int = Field(1, gt=0)
+    num_decode_workers: int = Field(1, gt=0)
+    prefill: EngineOverrides = Field(default_factory=EngineOverrides)  # type: ignore[valid-type]
+    decode: EngineOverrides = Field(default_factory=EngineOverrides)  # type: ignore[valid-type]
+
+
+TopologyConfig = Annotated[AggregatedTopology | DisaggTopology, Field(discriminator="kind")]
+
+
+class LinkPair(Schema):
+    """Link settings for some prefill -> decode worker pairs (null lists mean every worker)."""
+
+    prefill_workers: list[int] | None = None
+    decode_workers: list[int] | None = None
+    bandwidth_gbps: PositiveFloat | None = None
+    latency_ms: NonNegFloat | None = None
+
+
+class LinkConfig(Schema):
+    """How KV moves from a prefill worker to a decode worker."""
+
+    bandwidth_gbps: PositiveFloat | None = Field(
+        None, description="decimal GB/s; null moves KV instantly (the mocker's default)"
+    )
+    latency_ms: NonNegFloat = 0.0
+    contention: Literal["per_request", "fifo_lanes", "shared"] = "per_request"
+    lanes: int = Field(1, gt=0, description="concurrent transfers per link (fifo_lanes)")
+    timing_mode: Literal["full_prompt", "destination_missing"] = "full_prompt"
+    kv_bytes_per_token: int | None = Field(
+        None, gt=0, description="null derives it from the llm geometry"
+    )
+    state_bytes: int = Field(0, ge=0, description="bytes moved once per request on top of KV")
+    pairs: list[LinkPair] = Field(
+        default_factory=list, description="per-pair settings; the first matching entry wins"
+    )
 
 
 class RoundRobinRouter(Schema):
@@ -291,6 +347,15 @@ WorkloadConfig = Annotated[
 # --------------------------------------------------------------------------- run
 
 
+class SloConfig(Schema):
+    """Service-level bounds for goodput: a completed request is good if it meets every bound
+    set (TTFT, mean ITL = (E2E - TTFT) / (tokens - 1), E2E)."""
+
+    ttft_ms: PositiveFloat | None = None
+    itl_ms: PositiveFloat | None = None
+    e2e_ms: PositiveFloat | None = None
+
+
 class StopConfig(Schema):
     max_virtual_time_ms: PositiveFloat | None = Field(
         None, description="soft cut-off: requests still in flight end `incomplete`"
@@ -328,5 +393,14 @@ class RunConfig(Schema):
     router: RouterConfig = RoundRobinRouter()
     workload: WorkloadConfig
     load: LoadConfig = TraceLoad()
+    link: LinkConfig = LinkConfig()
+    slo: SloConfig = SloConfig()
     stop: StopConfig = StopConfig()
     output: OutputConfig = OutputConfig()
+
+    @model_validator(mode="after")
+    def _roles_agree(self) -> RunConfig:
+        from model.config.derived import role_engines  # derived sizes live there
+
+        role_engines(self)  # raises on a combination the roles cannot share
+        return self

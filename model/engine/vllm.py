@@ -82,8 +82,10 @@ class VllmScheduler:
         pool: BlockPool,
         hasher: BlockHasher,
         on_admit: Callable[[Request, int, float], None],
+        role: str = "aggregated",
     ) -> None:
         self.cfg = cfg
+        self.role = role  # aggregated | prefill | decode
         self.block_size = cfg.block_size
         self.pool = pool
         self.hasher = hasher
@@ -309,6 +311,17 @@ class VllmScheduler:
         running = self.running
         while waiting and len(running) < cfg.max_num_seqs:
             req = waiting[0]
+            if req.materialized:
+                # KV delivered by a transfer: straight to running, no KV check, no budget; it
+                # decodes its first token this pass
+                waiting.popleft()
+                req.materialized = False
+                req.status = Status.RUNNING
+                req.n_admissions += 1
+                running.append(req)
+                self.on_admit(req, 0, now_ms)
+                batch.items.append((req, 0, 0, req.input_length))
+                continue
             if req.n_admissions == 0:
                 reason = self._never_fits(req)
                 if reason:
@@ -325,8 +338,8 @@ class VllmScheduler:
                 hit_active = min(hit_active, cap)
             needed = -(-seq // bs) - hit_active
             if needed > pool.free_blocks:
-                if not running:
-                    # nothing holds blocks that could ever be freed: it will never fit
+                if -(-seq // bs) > pool.capacity_blocks:
+                    # more blocks than the whole pool: it will never fit
                     waiting.popleft()
                     batch.rejected.append(
                         (
@@ -341,7 +354,6 @@ class VllmScheduler:
             if (
                 not cfg.enable_chunked_prefill
                 and req.input_length - cached > cfg.max_num_batched_tokens
-                and not running
             ):
                 waiting.popleft()
                 batch.rejected.append(
@@ -375,9 +387,10 @@ class VllmScheduler:
 
     def _summarise(self, batch: Batch) -> None:
         n_prefill = sum_isl = sum_prefix = prefill_tokens = n_decode = sum_ctx = 0
+        decode_role = self.role == "decode"
         for req, _n, prompt_tokens, before in batch.items:
             out = req.num_output_tokens
-            if prompt_tokens > 0:
+            if prompt_tokens > 0 and not decode_role:  # decode workers never price prefill
                 n_prefill += 1
                 sum_isl += before + prompt_tokens
                 sum_prefix += before
@@ -395,6 +408,43 @@ class VllmScheduler:
         batch.n_decode = n_decode
         batch.sum_decode_context = sum_ctx
         batch.active_blocks = self.pool.n_active
+
+    # ------------------------------------------------------------------ P/D destination
+
+    def reserve(self, req: Request) -> int | None:
+        """Take KV blocks for `req`'s prompt before its transfer: pin what is resident (as a
+        prefix), allocate the rest. Returns the pinned prefix in blocks, or None (nothing
+        taken) if the running set is full or the blocks do not fit."""
+        if len(self.running) >= self.cfg.max_num_seqs:
+            return None
+        pool = self.pool
+        hashes = req.prompt_hashes
+        hit, hit_active = pool.match(hashes)
+        need = -(-req.input_length // self.block_size) - hit
+        if need > pool.free_blocks - (hit - hit_active):
+            return None
+        if hit:
+            pool.acquire(req, hashes[:hit])
+        if not pool.allocate(req, need):  # pragma: no cover - checked above
+            raise RuntimeError(f"reservation check passed but allocation failed for {req}")
+        return hit
+
+    def activate(self, req: Request) -> None:
+        """The transfer landed: the prompt's KV is computed here. Its full blocks become
+        cacheable, and it waits (in acceptance order among delivered requests) for a pass."""
+        req.num_computed_tokens = req.input_length
+        self._register_full(req)
+        req.materialized = True
+        req.status = Status.WAITING
+        waiting = self.waiting
+        k = len(waiting)
+        while k > 0 and waiting[k - 1].materialized and waiting[k - 1].accept_seq > req.accept_seq:
+            k -= 1
+        waiting.insert(k, req)
+
+    def release_held(self, req: Request) -> None:
+        """A finished request that held its KV (a prefill source) lets go of it."""
+        self.pool.release(req)
 
     def _never_fits(self, req: Request) -> str:
         cfg = self.cfg
@@ -434,7 +484,8 @@ class VllmScheduler:
         done = zero_out + last_token
         if done:
             for req in done:
-                self.pool.release(req)
+                if not req.hold_kv:  # a prefill copy keeps its KV until the handoff releases it
+                    self.pool.release(req)
                 req.status = Status.DONE
             self.running = [r for r in self.running if r.status == Status.RUNNING]
         return done, emitted

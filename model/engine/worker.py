@@ -46,7 +46,8 @@ class Rank:
 
 
 class Worker:
-    """Worker `idx` (dotted name `cluster.w{idx}`, ranks `cluster.w{idx}.r{k}` when dp > 1)."""
+    """Worker `idx` of its pool (dotted name `cluster.w{idx}`, or `cluster.p{idx}` /
+    `cluster.d{idx}` in a disaggregated cluster; ranks `<name>.r{k}` when dp > 1)."""
 
     def __init__(
         self,
@@ -61,6 +62,9 @@ class Worker:
         horizon: Callable[[], float] | None = None,
         fast_forward: bool = True,
         name: str | None = None,
+        after_pass: Callable[[Worker], None] | None = None,
+        role: str = "aggregated",
+        order: int | None = None,
     ) -> None:
         self.env = env
         self.idx = idx
@@ -78,9 +82,17 @@ class Worker:
         self.block_size = first.block_size
         self.total_kv_tokens = first.pool.capacity_blocks * self.block_size
         # passes ending at one instant complete in worker order
-        self.end_phase = PASS_END + idx / (num_workers + 1)
+        # (prefill workers before decode workers: `order` counts across pools)
+        self.role = role
+        self.order = idx if order is None else order
+        self.end_phase = PASS_END + self.order / (num_workers + 1)
         self.horizon = horizon if horizon is not None else env.peek
         self.fast_forward = fast_forward
+        self.after_pass = after_pass
+        # mid-pass, the engine's state is the pass's: commands from outside (a KV transfer
+        # landing, a source to release) wait for the pass end
+        self.busy = False
+        self._deferred: list[Callable[[], None]] = []
         self._wake: simpy.Event | None = None
         self.process = env.process(self.run())
 
@@ -104,6 +116,13 @@ class Worker:
         wake = self._wake
         if wake is not None and not wake.triggered:
             wake.succeed()
+
+    def apply(self, command: Callable[[], None]) -> None:
+        """Run `command` on this worker's engine now, or at the end of the pass in flight."""
+        if self.busy:
+            self._deferred.append(command)
+        else:
+            command()
 
     def has_work(self) -> bool:
         return any(r.scheduler.has_work() for r in self.ranks)
@@ -131,14 +150,18 @@ class Worker:
                 batches = [r.scheduler.schedule(t) for r in ranks]
                 if not any(b.items for b in batches):
                     if not any(b.rejected or b.n_preempted for b in batches):
+                        # waiting work that cannot be admitted yet (its KV is held elsewhere
+                        # until a transfer ends): sleep until something is delivered
                         if self.has_work():
-                            raise RuntimeError(f"{self.name} stalled at {t} ms with work")
+                            self._wake = env.event()
+                            yield self._wake
+                            self._wake = None
                         break
                     # only rejections, or a request that preempted itself: a pass of no
                     # length that ends at once
                     if t > env.now:
                         yield at_time(env, t, self.end_phase)
-                    self._deliver(self._finish(batches, t, t), batches)
+                    self._end_pass(self._finish(batches, t, t), batches)
                     break
                 for rank in ranks:
                     self._sample_kv(rank, t)
@@ -147,14 +170,18 @@ class Worker:
                 if end >= horizon or not self.fast_forward:
                     # something may happen before this pass ends (or the run may stop):
                     # apply it at its end, as it comes
+                    self.busy = True
                     yield at_time(env, end, self.end_phase)
-                    self._deliver(self._finish(batches, t, end), batches)
+                    self.busy = False
+                    self._end_pass(self._finish(batches, t, end), batches)
                     break
                 # nothing can happen before the end: apply it now, deliver at its end
                 done = self._finish(batches, t, end)
                 if done or any(b.rejected for b in batches):
+                    self.busy = True
                     yield at_time(env, end, self.end_phase)
-                    self._deliver(done, batches)
+                    self.busy = False
+                    self._end_pass(done, batches)
                     break
                 t = end  # chain the next pass
 
@@ -187,7 +214,7 @@ class Worker:
         pass_done = self.recorder.pass_done
         t = start
         for end in ends:
-            pass_done(self.idx, 0, t, end, 0, 0, n, active, 0)
+            pass_done(self.idx, 0, t, end, 0, 0, n, active, 0, self.role)
             t = end
         if rank.pool.pending_events:
             events = rank.pool.take_events()
@@ -224,6 +251,7 @@ class Worker:
                 batch.n_decode,
                 batch.active_blocks,
                 batch.n_preempted,
+                self.role,
             )
             pool = rank.pool
             if pool.pending_events:
@@ -232,13 +260,18 @@ class Worker:
             self._sample_kv(rank, end)
         return done
 
-    def _deliver(self, done: list[Request], batches: list[Batch]) -> None:
-        """End rejected and completed requests now (this may wake drivers and routers)."""
+    def _end_pass(self, done: list[Request], batches: list[Batch]) -> None:
+        """At a pass end, now: commands that waited for it, then the pass's outcomes (which
+        may wake drivers and routers), then the worker's own end-of-pass hook."""
+        while self._deferred:
+            self._deferred.pop(0)()
         for batch in batches:
             for req, reason in batch.rejected:
                 self.on_reject(req, reason)
         for req in done:
             self.on_complete(req)
+        if self.after_pass is not None:
+            self.after_pass(self)
 
     def _sample_kv(self, rank: Rank, t: float) -> None:
         pool = rank.pool

@@ -44,6 +44,7 @@ class BlockPool:
         "record_events",
         "pending_events",
         "n_evictions",
+        "generation",
         "_serial",
     )
 
@@ -59,6 +60,7 @@ class BlockPool:
         self.record_events = record_events
         self.pending_events: list[tuple[str, int]] = []
         self.n_evictions = 0
+        self.generation = 0  # counts releases: capacity can only grow when it changes
         self._serial = 0
 
     # ------------------------------------------------------------------ levels
@@ -214,6 +216,7 @@ class BlockPool:
         req.held_hashes = []
         self.n_private -= req.held_private_blocks
         req.held_private_blocks = 0
+        self.generation += 1
 
     def take_events(self) -> list[tuple[str, int]]:
         events = self.pending_events

@@ -36,6 +36,16 @@ REQUEST_COLUMNS = (
     "n_preemptions",
     "terminal_status",
     "reason",
+    # P/D handoff (NaN in aggregated clusters)
+    "prefill_dp_rank",
+    "prefill_admit_ms",
+    "source_held_ms",
+    "destination_reserved_ms",
+    "destination_activated_ms",
+    "decode_admit_ms",
+    "source_released_ms",
+    "decode_reused_input_tokens",
+    "transfer_tokens",
 )
 # pass records are many (one per engine step): kept column by column in typed arrays
 PASS_COLUMNS = {
@@ -48,7 +58,9 @@ PASS_COLUMNS = {
     "decode_seqs": "i",
     "kv_used_blocks": "q",
     "preemptions": "i",
+    "role": "b",  # coded: see ROLES
 }
+ROLES = ("aggregated", "prefill", "decode")
 KV_COLUMNS = ("t_ms", "pool", "tier", "used_blocks", "cached_blocks", "worker", "dp_rank")
 TRANSFER_COLUMNS = (
     "request_id",
@@ -84,6 +96,7 @@ class Recorder:
             p["decode_seqs"].append,
             p["kv_used_blocks"].append,
             p["preemptions"].append,
+            p["role"].append,
         )
         self.kv: list[tuple] = []
         self.kv_events: list[tuple] = []
@@ -138,12 +151,21 @@ class Recorder:
                 n,
                 req.reused_input_tokens,
                 req.first_admission_reused_tokens,
-                None,  # prefill worker: only disaggregated topologies have one
+                req.prefill_worker_idx if req.prefill_worker_idx >= 0 else None,
                 worker,
                 req.dp_rank,
                 req.n_preemptions,
                 status,
                 reason,
+                req.prefill_dp_rank if req.prefill_worker_idx >= 0 else None,
+                req.prefill_admit_ms,
+                req.source_held_ms,
+                req.destination_reserved_ms,
+                req.destination_activated_ms,
+                req.decode_admit_ms,
+                req.source_released_ms,
+                req.decode_reused_input_tokens,
+                req.transfer_tokens,
             )
         )
 
@@ -160,10 +182,11 @@ class Recorder:
         decode_seqs: int,
         kv_used_blocks: int,
         preemptions: int,
+        role: str = "aggregated",
     ) -> None:
         if end_ms > self.last_event_ms:
             self.last_event_ms = end_ms
-        (a_w, a_r, a_s, a_e, a_pt, a_ps, a_ds, a_kv, a_pre) = self._pass_appends
+        (a_w, a_r, a_s, a_e, a_pt, a_ps, a_ds, a_kv, a_pre, a_role) = self._pass_appends
         a_w(worker)
         a_r(dp_rank)
         a_s(start_ms)
@@ -173,6 +196,7 @@ class Recorder:
         a_ds(decode_seqs)
         a_kv(kv_used_blocks)
         a_pre(preemptions)
+        a_role(ROLES.index(role))
 
     def kv_level(
         self,

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from model.config.schema import SloConfig
 from model.metrics.recorder import COMPLETED, INCOMPLETE, REJECTED
 
 STAT_KEYS = ("mean", "min", "max", "median", "p75", "p90", "p95", "p99", "std")
@@ -52,20 +53,26 @@ def summarize(
     requests: pd.DataFrame,
     itl_gaps_ms: np.ndarray,
     *,
-    num_workers: int,
-    gpus_per_worker: int,
+    decode_workers: int,
+    decode_gpus_per_worker: int,
     wall_time_ms: float,
+    prefill_workers: int = 0,
+    prefill_gpus_per_worker: int = 0,
+    slo: SloConfig | None = None,
 ) -> dict[str, Any]:
+    """The summary of one run. Aggregated workers count as the decode pool (as in Dynamo)."""
     arrived = requests[requests["arrival_ms"].notna()]
     done = requests[requests["terminal_status"] == COMPLETED]
     duration_ms = float(done["terminal_ms"].max()) if len(done) else 0.0
     duration_s = max(duration_ms / 1000.0, 1e-9)
     total_in = int(done["input_length"].sum())
     total_out = int(done["output_length"].sum())
-    reused = int(done["reused_input_tokens"].sum())
+    # the most reuse any admission of the request saw, prefill or decode side
+    reused = int(np.maximum(done["reused_input_tokens"], done["decode_reused_input_tokens"]).sum())
     first_reused = int(done["first_admission_reused_input_tokens"].sum())
     wall_s = max(wall_time_ms / 1000.0, 1e-9)
-    worker_seconds = num_workers * duration_s
+    prefill_seconds = prefill_workers * duration_s
+    decode_seconds = decode_workers * duration_s
     counts = arrived["terminal_status"].value_counts()
 
     ttft = done["ttft_ms"].dropna().to_numpy()
@@ -89,11 +96,14 @@ def summarize(
         "input_throughput_tok_s": total_in / duration_s,
         "output_throughput_tok_s": total_out / duration_s,
         "total_throughput_tok_s": (total_in + total_out) / duration_s,
-        "prefill_worker_seconds": 0.0,
-        "decode_worker_seconds": worker_seconds,
-        "prefill_gpus_per_worker": 0,
-        "decode_gpus_per_worker": gpus_per_worker,
-        "gpu_hours": worker_seconds * gpus_per_worker / 3600.0,
+        "prefill_worker_seconds": prefill_seconds,
+        "decode_worker_seconds": decode_seconds,
+        "prefill_gpus_per_worker": prefill_gpus_per_worker,
+        "decode_gpus_per_worker": decode_gpus_per_worker,
+        "gpu_hours": (
+            prefill_seconds * prefill_gpus_per_worker + decode_seconds * decode_gpus_per_worker
+        )
+        / 3600.0,
         "processed_tokens": total_in + total_out,
         "processed_tokens_per_s": (total_in + total_out) / wall_s,
         "processed_output_tokens_per_s": total_out / wall_s,
@@ -108,4 +118,27 @@ def summarize(
     summary.update(distribution(e2e, "e2e_latency"))
     summary["max_itl_ms"] = float(gaps.max()) if len(gaps) else None
     summary.update(distribution(1000.0 / positive, "output_token_throughput_per_user", unit=""))
+    if slo is not None and (slo.ttft_ms or slo.itl_ms or slo.e2e_ms):
+        good = goodput_mask(done, slo)
+        n_good = int(good.sum())
+        summary["goodput_completed_requests"] = n_good
+        summary["goodput_request_throughput_rps"] = n_good / duration_s
+        summary["goodput_output_throughput_tok_s"] = (
+            int(done["output_length"][good].sum()) / duration_s
+        )
     return summary
+
+
+def goodput_mask(done: pd.DataFrame, slo: SloConfig) -> pd.Series:
+    """Completed requests that meet every bound set: TTFT, mean ITL (E2E - TTFT) / (tokens -
+    1) (not checked with fewer than 2 tokens), E2E. A request without tokens has no TTFT."""
+    good = pd.Series(True, index=done.index)
+    if slo.ttft_ms is not None:
+        good &= done["ttft_ms"] <= slo.ttft_ms
+    if slo.e2e_ms is not None:
+        good &= done["e2e_latency_ms"] <= slo.e2e_ms
+    if slo.itl_ms is not None:
+        n = done["output_length"]
+        itl = (done["e2e_latency_ms"] - done["ttft_ms"]) / (n - 1).where(n > 1)
+        good &= (n <= 1) | (itl <= slo.itl_ms)
+    return good

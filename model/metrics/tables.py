@@ -9,6 +9,7 @@ from model.metrics.recorder import (
     KV_COLUMNS,
     KV_EVENT_COLUMNS,
     REQUEST_COLUMNS,
+    ROLES,
     TRANSFER_COLUMNS,
     Recorder,
 )
@@ -23,6 +24,9 @@ REQUEST_DTYPES = {
     "prefill_worker_idx": "Int64",
     "decode_worker_idx": "Int64",
     "dp_rank": "int64",
+    "prefill_dp_rank": "Int64",
+    "decode_reused_input_tokens": "int64",
+    "transfer_tokens": "int64",
     "n_preemptions": "int64",
 }
 
@@ -41,7 +45,9 @@ def passes_table(rec: Recorder) -> pd.DataFrame:
         {name: np.frombuffer(col, dtype=col.typecode) for name, col in rec.passes.items()},
         copy=True,
     )
-    return df.sort_values(["end_ms", "worker", "dp_rank"], kind="stable").reset_index(drop=True)
+    df = df.sort_values(["end_ms", "role", "worker", "dp_rank"], kind="stable")
+    df["role"] = np.array(ROLES)[df["role"].to_numpy()]
+    return df.reset_index(drop=True)
 
 
 def kv_table(rec: Recorder) -> pd.DataFrame:

@@ -1,5 +1,7 @@
 """Round robin: workers in turn, in dispatch order, starting at worker 0; within a worker,
-its attention-DP ranks in turn (each worker keeps its own rank counter), as Dynamo's replay."""
+its attention-DP ranks in turn (each worker keeps its own rank counter), as Dynamo's replay
+does for aggregated workers. Its P/D pools instead rotate over the flat list of ranks
+(worker-major: w0r0, w0r1, w1r0, ...): `flat=True`."""
 
 from __future__ import annotations
 
@@ -7,13 +9,18 @@ from model.workload.request import Request
 
 
 class RoundRobin:
-    def __init__(self, num_workers: int, dp_size: int = 1) -> None:
+    def __init__(self, num_workers: int, dp_size: int = 1, flat: bool = False) -> None:
         self.num_workers = num_workers
         self.dp_size = dp_size
+        self.flat = flat
         self._next = 0
         self._next_rank = [0] * num_workers
 
     def route(self, req: Request) -> tuple[int, int]:
+        if self.flat:
+            k = self._next
+            self._next = (k + 1) % (self.num_workers * self.dp_size)
+            return k // self.dp_size, k % self.dp_size
         w = self._next
         self._next = (w + 1) % self.num_workers
         rank = self._next_rank[w]

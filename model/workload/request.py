@@ -45,6 +45,13 @@ class Request:
         "prefilling",
         "n_preemptions",
         "n_admissions",
+        # P/D: the prefill copy holds its KV after finishing; the decode request arrives with
+        # its prompt's KV already in place (materialized)
+        "hold_kv",
+        "materialized",
+        "accept_seq",
+        "parent",
+        "reserved",
         # record
         "arrival_ms",
         "first_admit_ms",
@@ -55,6 +62,16 @@ class Request:
         "token_times_ms",
         "reused_input_tokens",
         "first_admission_reused_tokens",
+        "prefill_worker_idx",
+        "prefill_dp_rank",
+        "prefill_admit_ms",
+        "source_held_ms",
+        "destination_reserved_ms",
+        "destination_activated_ms",
+        "decode_admit_ms",
+        "source_released_ms",
+        "decode_reused_input_tokens",
+        "transfer_tokens",
         "terminal_status",
         "reason",
         "done",
@@ -92,6 +109,11 @@ class Request:
         self.prefilling = True
         self.n_preemptions = 0
         self.n_admissions = 0
+        self.hold_kv = False
+        self.materialized = False
+        self.accept_seq = 0
+        self.parent: Request | None = None
+        self.reserved: simpy.Event | None = None
 
         self.arrival_ms = float("nan")
         self.first_admit_ms = float("nan")
@@ -102,6 +124,17 @@ class Request:
         self.token_times_ms: array[float] | None = None
         self.reused_input_tokens = 0
         self.first_admission_reused_tokens = 0
+        self.prefill_worker_idx = -1
+        self.prefill_dp_rank = -1
+        nan = float("nan")
+        self.prefill_admit_ms = nan
+        self.source_held_ms = nan
+        self.destination_reserved_ms = nan
+        self.destination_activated_ms = nan
+        self.decode_admit_ms = nan
+        self.source_released_ms = nan
+        self.decode_reused_input_tokens = 0
+        self.transfer_tokens = 0
         self.terminal_status = ""
         self.reason = ""
         self.done: simpy.Event | None = None
@@ -110,6 +143,23 @@ class Request:
     def seq_len(self) -> int:
         """Tokens whose values are known: the prompt plus every token emitted so far."""
         return self.input_length + self.num_output_tokens
+
+    def prefill_copy(self) -> Request:
+        """The request a prefill worker runs for this one: same prompt, at most one token (the
+        first, which the decode side regenerates), KV held after it finishes."""
+        copy = Request(
+            self.idx,
+            self.request_id,
+            self.input_length,
+            min(1, self.output_length),
+            self.prompt_hashes,
+            session_id=self.session_id,
+            turn_index=self.turn_index,
+        )
+        copy.hold_kv = True
+        copy.parent = self
+        copy.arrival_ms = self.arrival_ms
+        return copy
 
     def __repr__(self) -> str:
         return (

@@ -1,0 +1,135 @@
+"""What every cluster shape shares: building a pool of workers, stamping arrivals, ending
+requests in the recorder (and waking whoever waits on them), and telling workers how far
+ahead nothing can reach them."""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections.abc import Callable
+
+import simpy
+
+from model.config.schema import RunConfig, VllmEngineConfig
+from model.engine.vllm import VllmScheduler
+from model.engine.worker import Worker
+from model.kv.block_pool import BlockPool
+from model.metrics.recorder import COMPLETED, REJECTED, Recorder
+from model.timing.base import StepTime
+from model.workload.hashing import BlockHasher
+from model.workload.request import Request, Status
+
+
+def total_workers(cfg: RunConfig) -> int:
+    topo = cfg.topology
+    if topo.kind == "disagg":
+        return topo.num_prefill_workers + topo.num_decode_workers
+    return topo.num_workers
+
+
+class ClusterBase:
+    def __init__(self, env: simpy.Environment, cfg: RunConfig, recorder: Recorder) -> None:
+        self.env = env
+        self.cfg = cfg
+        self.recorder = recorder
+        self.n_in_flight = 0
+        self.n_dispatched = 0
+        # when a completion can trigger a dispatch (closed loop, multi-turn sessions, P/D
+        # handoffs) any event may reach a worker; otherwise only the driver's next arrival or
+        # the stop time can
+        self.completion_dispatches = True
+        self.next_arrival_ms = math.inf
+        self.stop_ms = cfg.stop.max_virtual_time_ms or math.inf
+        self.workers: list[Worker] = []
+
+    def build_pool(
+        self,
+        role: str,
+        engine: VllmEngineConfig,
+        n_workers: int,
+        n_blocks: int,
+        step_time: StepTime,
+        hasher: BlockHasher,
+        on_complete: Callable[[Request], None],
+        after_pass: Callable[[Worker], None] | None = None,
+        name: str = "w",
+    ) -> list[Worker]:
+        """`n_workers` workers of `engine`, each with `dp_size` ranks of `n_blocks` blocks."""
+        first = len(self.workers)
+        pool = []
+        for k in range(n_workers):
+            scheds = [
+                VllmScheduler(
+                    engine,
+                    BlockPool(n_blocks, engine.enable_prefix_caching, self.cfg.output.kv_events),
+                    hasher,
+                    self._admitted,
+                    role,
+                )
+                for _ in range(engine.dp_size)
+            ]
+            worker = Worker(
+                self.env,
+                k,
+                scheds,
+                step_time,
+                self.recorder,
+                on_complete,
+                self._rejected,
+                total_workers(self.cfg),
+                self.horizon,
+                engine.fast_forward,
+                name=f"cluster.{name}{k}",
+                after_pass=after_pass,
+                role=role,
+                order=first + k,
+            )
+            pool.append(worker)
+        self.workers.extend(pool)
+        return pool
+
+    def horizon(self) -> float:
+        """The earliest time a request could next reach any worker."""
+        if self.completion_dispatches:
+            return self.env.peek()
+        return min(self.next_arrival_ms, self.stop_ms)
+
+    def announce_arrival(self, t_ms: float) -> None:
+        """The open-loop driver's next dispatch time (inf when it has no more)."""
+        self.next_arrival_ms = t_ms
+
+    def arrive(self, req: Request) -> None:
+        """Stamp an arrival now."""
+        req.arrival_ms = self.env.now
+        req.token_times_ms = array("d")
+        self.n_in_flight += 1
+        self.n_dispatched += 1
+
+    def _admitted(self, req: Request, reused_tokens: int, now_ms: float) -> None:
+        if req.n_admissions == 1:
+            req.first_admit_ms = now_ms
+            req.first_admission_reused_tokens = reused_tokens
+        if reused_tokens > req.reused_input_tokens:
+            req.reused_input_tokens = reused_tokens
+
+    def end(self, req: Request, status: str, reason: str = "") -> None:
+        req.status = Status.DONE
+        self.n_in_flight -= 1
+        self.recorder.request_terminal(req, status, self.env.now, reason)
+        if req.done is not None:
+            req.done.succeed()
+
+    def _completed(self, req: Request) -> None:
+        self.end(req, COMPLETED)
+
+    def _rejected(self, req: Request, reason: str) -> None:
+        self.end(req.parent or req, REJECTED, reason)
+
+    def in_flight(self) -> list[Request]:
+        """Requests dispatched but not ended, worker by worker (running, then waiting)."""
+        out: list[Request] = []
+        for w in self.workers:
+            for rank in w.ranks:
+                out.extend(rank.scheduler.running)
+                out.extend(rank.scheduler.waiting)
+        return out

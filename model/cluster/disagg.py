@@ -1,0 +1,263 @@
+"""A disaggregated (xPyD) cluster: a pool of prefill workers, a pool of decode workers, and KV
+transfer links between them.
+
+A request arrives at a prefill worker (the prefill router picks it) as a *prefill copy*: the
+same prompt, at most one output token, its KV held when it finishes. Its finish starts the
+request's handoff (`model/cluster/handoff.py`): the decode router picks a destination, the
+destination reserves KV, the link moves it, the destination activates the request and decodes
+every output token, and the source releases its KV. The request's record is the decode side's:
+TTFT includes prefill queueing and compute, the wait for a reservation, the transfer and the
+first decode pass.
+
+Reservations follow Dynamo's replay: each decode rank keeps a FIFO of requests waiting for KV;
+an attempt looks at its head only and reserves at most one, when the rank is between passes
+(a request for it arrives, one of its passes ends, or a transfer lands on it). A head that does
+not fit (blocks, or `max_num_seqs` running) blocks the queue until the rank frees capacity.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+import simpy
+
+from model.clock import TRANSFER_END, fire
+from model.cluster.base import ClusterBase
+from model.cluster.handoff import handoff
+from model.cluster.link import Link
+from model.config.derived import kv_bytes_per_token, num_gpu_blocks, role_engines
+from model.config.schema import DisaggTopology, RunConfig
+from model.engine.worker import Rank, Worker
+from model.metrics.recorder import COMPLETED, REJECTED, Recorder
+from model.router import build_router
+from model.timing import build_step_time
+from model.workload.hashing import BlockHasher
+from model.workload.request import Request
+
+
+class Destination:
+    """The requests waiting for KV on one decode rank, in acceptance order."""
+
+    __slots__ = ("worker", "rank", "pending", "failed_generation")
+
+    def __init__(self, worker: Worker, rank: Rank) -> None:
+        self.worker = worker
+        self.rank = rank
+        self.pending: deque[Request] = deque()
+        self.failed_generation = -1  # the rank's pool generation when its head last failed
+
+
+class DisaggCluster(ClusterBase):
+    def __init__(
+        self,
+        env: simpy.Environment,
+        cfg: RunConfig,
+        hasher: BlockHasher,
+        recorder: Recorder,
+        router_rng: np.random.Generator,
+    ) -> None:
+        super().__init__(env, cfg, recorder)
+        topo = cfg.topology
+        assert isinstance(topo, DisaggTopology)
+        engines = role_engines(cfg)
+        self.engines = engines
+        step_time = build_step_time(cfg)
+        self.prefill = self.build_pool(
+            "prefill",
+            engines["prefill"],
+            topo.num_prefill_workers,
+            num_gpu_blocks(cfg, engines["prefill"]),
+            step_time,
+            hasher,
+            self._source_held,
+            name="p",
+        )
+        self.decode = self.build_pool(
+            "decode",
+            engines["decode"],
+            topo.num_decode_workers,
+            num_gpu_blocks(cfg, engines["decode"]),
+            step_time,
+            hasher,
+            self._completed,
+            after_pass=self._retry_reservations,
+            name="d",
+        )
+        self.destinations = {
+            (w.idx, r.dp_rank): Destination(w, r) for w in self.decode for r in w.ranks
+        }
+        # each pool rotates over its scheduler ids (worker-major), as Dynamo's P/D replay
+        self.prefill_router = build_router(
+            cfg.router, len(self.prefill), router_rng, engines["prefill"].dp_size, flat=True
+        )
+        self.decode_router = build_router(
+            cfg.router, len(self.decode), router_rng, engines["decode"].dp_size, flat=True
+        )
+        self.link_cfg = cfg.link
+        self.kv_bytes_per_token = cfg.link.kv_bytes_per_token or kv_bytes_per_token(cfg.llm)
+        self.links: dict[tuple[int, int], Link] = {}
+        self._accepted = 0
+        # requests whose prefill is done and whose decode has not begun (waiting for KV on a
+        # decode rank, or in transfer), by request index
+        self.between_pools: dict[int, Request] = {}
+
+    # ------------------------------------------------------------------ arrival
+
+    def dispatch(self, req: Request) -> None:
+        """A request arrives now: its prefill copy goes to the prefill worker the router picks."""
+        self.arrive(req)
+        worker, rank = self.prefill_router.route(req)
+        req.prefill_worker_idx = worker
+        req.prefill_dp_rank = rank
+        copy = req.prefill_copy()
+        self.prefill[worker].submit(copy, rank)
+
+    def _admitted(self, req: Request, reused_tokens: int, now_ms: float) -> None:
+        parent = req.parent
+        if parent is not None:  # a prefill admission
+            if req.n_admissions == 1:
+                parent.prefill_admit_ms = parent.first_admit_ms = now_ms
+                parent.first_admission_reused_tokens = reused_tokens
+            parent.reused_input_tokens = max(parent.reused_input_tokens, reused_tokens)
+            return
+        if req.n_admissions == 1:  # a decode admission
+            req.decode_admit_ms = now_ms
+        req.decode_reused_input_tokens = max(req.decode_reused_input_tokens, reused_tokens)
+
+    # ------------------------------------------------------------------ handoff
+
+    def _source_held(self, copy: Request) -> None:
+        """A prefill copy finished (now): its KV stays on the prefill worker; the request goes
+        to a decode rank's reservation queue."""
+        req = copy.parent
+        assert req is not None
+        req.source_held_ms = self.env.now
+        reason = self._never_fits_decode(req)
+        if reason:
+            self.prefill[req.prefill_worker_idx].ranks[req.prefill_dp_rank].scheduler.release_held(
+                copy
+            )
+            self.end(req, REJECTED, reason)
+            return
+        self.between_pools[req.idx] = req
+        w, r = self.decode_router.route(req)
+        req.worker_idx, req.dp_rank = w, r
+        dest = self.destinations[(w, r)]
+        self._accepted += 1
+        req.accept_seq = self._accepted
+        req.reserved = self.env.event()
+        dest.pending.append(req)
+        self.env.process(handoff(self, copy, req, dest))
+        if not dest.worker.busy:
+            self.try_reserve(dest)
+
+    def _never_fits_decode(self, req: Request) -> str:
+        engine = self.engines["decode"]
+        blocks = -(-req.input_length // engine.block_size)
+        capacity = self.decode[0].ranks[0].pool.capacity_blocks
+        if blocks > capacity:
+            return (
+                f"prompt of {req.input_length} tokens needs {blocks} KV blocks; a decode "
+                f"worker's pool holds {capacity}"
+            )
+        if engine.max_model_len is not None and req.input_length >= engine.max_model_len:
+            return (
+                f"prompt of {req.input_length} tokens reaches the decode side's "
+                f"max_model_len {engine.max_model_len}"
+            )
+        return ""
+
+    def try_reserve(self, dest: Destination) -> None:
+        """One reservation attempt on a decode rank: its queue's head, if it fits now."""
+        if not dest.pending:
+            return
+        pool = dest.rank.pool
+        if pool.generation == dest.failed_generation:
+            return  # nothing freed since the head last failed
+        req = dest.pending[0]
+        reused_blocks = dest.rank.scheduler.reserve(req)
+        if reused_blocks is None:
+            dest.failed_generation = pool.generation
+            return
+        dest.pending.popleft()
+        dest.failed_generation = -1
+        req.destination_reserved_ms = self.env.now
+        bs = self.engines["decode"].block_size
+        if self.link_cfg.timing_mode == "destination_missing":
+            req.transfer_tokens = (-(-req.input_length // bs) - reused_blocks) * bs
+        else:
+            req.transfer_tokens = req.input_length
+        assert req.reserved is not None
+        fire(self.env, req.reserved, TRANSFER_END)
+
+    def _retry_reservations(self, worker: Worker) -> None:
+        """A decode worker's pass ended: one attempt on each of its ranks."""
+        for rank in worker.ranks:
+            self.try_reserve(self.destinations[(worker.idx, rank.dp_rank)])
+
+    def link(self, prefill_worker: int, decode_worker: int) -> Link:
+        """The link from a prefill worker to a decode worker (made on first use)."""
+        key = (prefill_worker, decode_worker)
+        link = self.links.get(key)
+        if link is None:
+            cfg = self.link_cfg
+            bandwidth, latency = cfg.bandwidth_gbps, cfg.latency_ms
+            for pair in cfg.pairs:
+                if (pair.prefill_workers is None or prefill_worker in pair.prefill_workers) and (
+                    pair.decode_workers is None or decode_worker in pair.decode_workers
+                ):
+                    if pair.bandwidth_gbps is not None:
+                        bandwidth = pair.bandwidth_gbps
+                    if pair.latency_ms is not None:
+                        latency = pair.latency_ms
+                    break
+            link = Link(
+                self.env,
+                f"link.p{prefill_worker}-d{decode_worker}",
+                bandwidth,
+                latency,
+                cfg.contention,
+                self.recorder,
+                cfg.lanes,
+            )
+            self.links[key] = link
+        return link
+
+    def activate(self, req: Request, dest: Destination) -> None:
+        """The transfer landed (now, between the decode worker's passes)."""
+        req.destination_activated_ms = self.env.now
+        del self.between_pools[req.idx]
+        if req.output_length == 0:
+            # nothing to decode: it ends here, and its reserved KV goes back
+            dest.rank.pool.release(req)
+            self.end(req, COMPLETED)
+        else:
+            dest.rank.scheduler.activate(req)
+            dest.worker.wake()
+        self.try_reserve(dest)
+
+    def release_source(self, copy: Request) -> None:
+        """The source lets go of the KV it held (now, between the prefill worker's passes)."""
+        req = copy.parent
+        assert req is not None
+        worker = self.prefill[req.prefill_worker_idx]
+        worker.ranks[req.prefill_dp_rank].scheduler.release_held(copy)
+        req.source_released_ms = self.env.now
+        worker.wake()  # freed blocks may admit what waits there
+
+    def in_flight(self) -> list[Request]:
+        """Requests dispatched but not ended: prefill copies stand for their requests, and
+        requests between the pools (waiting for KV, or in transfer) count too."""
+        out: list[Request] = []
+        seen: set[int] = set()
+        for req in super().in_flight():
+            target = req.parent or req
+            if target.idx not in seen:
+                seen.add(target.idx)
+                out.append(target)
+        for req in self.between_pools.values():
+            if req.idx not in seen:
+                seen.add(req.idx)
+                out.append(req)
+        return out
