@@ -52,6 +52,7 @@ class ClusterBase:
         hasher: BlockHasher,
         on_complete: Callable[[Request], None],
         after_pass: Callable[[Worker], None] | None = None,
+        pass_end_pending: Callable[[Worker], bool] | None = None,
         name: str = "w",
     ) -> list[Worker]:
         """`n_workers` workers of `engine`, each with `dp_size` ranks of `n_blocks` blocks."""
@@ -81,6 +82,7 @@ class ClusterBase:
                 engine.fast_forward,
                 name=f"cluster.{name}{k}",
                 after_pass=after_pass,
+                pass_end_pending=pass_end_pending,
                 role=role,
                 order=first + k,
             )

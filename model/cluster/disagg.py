@@ -82,6 +82,7 @@ class DisaggCluster(ClusterBase):
             hasher,
             self._completed,
             after_pass=self._retry_reservations,
+            pass_end_pending=self._reservation_pending,
             name="d",
         )
         self.destinations = {
@@ -191,6 +192,15 @@ class DisaggCluster(ClusterBase):
         assert req.reserved is not None
         fire(self.env, req.reserved, TRANSFER_END)
 
+    def _reservation_pending(self, worker: Worker) -> bool:
+        """Whether a reservation attempt at this decode worker's next pass end may succeed
+        (a queue head not yet tried since its rank last freed capacity)."""
+        for rank in worker.ranks:
+            dest = self.destinations[(worker.idx, rank.dp_rank)]
+            if dest.pending and rank.pool.generation != dest.failed_generation:
+                return True
+        return False
+
     def _retry_reservations(self, worker: Worker) -> None:
         """A decode worker's pass ended: one attempt on each of its ranks."""
         for rank in worker.ranks:
@@ -244,6 +254,8 @@ class DisaggCluster(ClusterBase):
         worker = self.prefill[req.prefill_worker_idx]
         worker.ranks[req.prefill_dp_rank].scheduler.release_held(copy)
         req.source_released_ms = self.env.now
+        if req.terminal_status:  # the decode side finished first: its row is written
+            self.recorder.request_late(req, "source_released_ms", self.env.now)
         worker.wake()  # freed blocks may admit what waits there
 
     def in_flight(self) -> list[Request]:

@@ -63,6 +63,7 @@ class Worker:
         fast_forward: bool = True,
         name: str | None = None,
         after_pass: Callable[[Worker], None] | None = None,
+        pass_end_pending: Callable[[Worker], bool] | None = None,
         role: str = "aggregated",
         order: int | None = None,
     ) -> None:
@@ -89,6 +90,9 @@ class Worker:
         self.horizon = horizon if horizon is not None else env.peek
         self.fast_forward = fast_forward
         self.after_pass = after_pass
+        # whether `after_pass` may act at the next pass end (then that pass end must happen in
+        # the event loop, at its time: no chaining past it)
+        self.pass_end_pending = pass_end_pending
         # mid-pass, the engine's state is the pass's: commands from outside (a KV transfer
         # landing, a source to release) wait for the pass end
         self.busy = False
@@ -142,7 +146,10 @@ class Worker:
             t = env.now
             horizon = self.horizon()  # nothing can reach this worker before then
             while True:
-                if single is not None and self.fast_forward:
+                chain = self.fast_forward and not (
+                    self.pass_end_pending is not None and self.pass_end_pending(self)
+                )
+                if single is not None and chain:
                     ends, registered = single.decode_stretch(t, horizon, self._decode_only_ms)
                     if ends:
                         self._record_stretch(t, ends, registered)
@@ -167,7 +174,7 @@ class Worker:
                     self._sample_kv(rank, t)
                 # lock-step ranks: the pass ends when the slowest rank's work does
                 end = max(self._end_of(b, t) for b in batches)
-                if end >= horizon or not self.fast_forward:
+                if end >= horizon or not chain:
                     # something may happen before this pass ends (or the run may stop):
                     # apply it at its end, as it comes
                     self.busy = True

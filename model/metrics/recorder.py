@@ -101,6 +101,8 @@ class Recorder:
         self.kv: list[tuple] = []
         self.kv_events: list[tuple] = []
         self.transfers: list[tuple] = []
+        # values learnt after a request's row was written: (request index, column) -> value
+        self.late: dict[tuple[int, str], Any] = {}
         self.itl_gaps_ms = array("d")  # every inter-token gap of every completed request
         self.token_times: dict[str, array] = {}
         self.last_event_ms = 0.0  # the latest pass end or request end recorded
@@ -168,6 +170,11 @@ class Recorder:
                 req.transfer_tokens,
             )
         )
+
+    def request_late(self, req: Request, column: str, value: Any) -> None:
+        """Set a column of a request that has already ended (e.g. its P/D source released
+        after the decode side completed)."""
+        self.late[(req.idx, column)] = value
 
     # ------------------------------------------------------------------ engine
 

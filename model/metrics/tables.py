@@ -34,6 +34,10 @@ REQUEST_DTYPES = {
 def requests_table(rec: Recorder) -> pd.DataFrame:
     """One row per request, in trace order (records arrive in terminal order)."""
     df = pd.DataFrame.from_records(rec.requests, columns=["_idx", *REQUEST_COLUMNS])
+    if rec.late:
+        row = pd.Series(range(len(df)), index=df["_idx"])
+        for (idx, column), value in rec.late.items():
+            df.loc[row[idx], column] = value
     df = df.sort_values("_idx", kind="stable").drop(columns="_idx").reset_index(drop=True)
     return df.astype(REQUEST_DTYPES)
 
