@@ -81,17 +81,28 @@ class Result:
                 else:
                     df.to_parquet(out / f"{name}.parquet", index=False)
         if output.per_request_jsonl:
-            write_requests_jsonl(self.requests, out / "requests.jsonl")
+            engines = role_engines(self.config)
+            write_requests_jsonl(
+                self.requests,
+                out / "requests.jsonl",
+                prefill_dp=engines["prefill"].dp_size if "prefill" in engines else 1,
+                decode_dp=engines.get("decode", engines.get("aggregated")).dp_size,  # type: ignore[union-attr]
+            )
         return out
 
 
-def write_requests_jsonl(requests: pd.DataFrame, path: Path) -> None:
-    """One JSON object per ended request, with the mocker's per-request field names."""
+def write_requests_jsonl(
+    requests: pd.DataFrame, path: Path, prefill_dp: int = 1, decode_dp: int = 1
+) -> None:
+    """One JSON object per ended request, with the mocker's per-request field names (worker
+    indices are the mocker's scheduler ids: worker x dp_size + rank)."""
     ended = requests[requests["terminal_status"] != INCOMPLETE]
     ended = ended.sort_values(["arrival_ms", "request_id"], kind="stable")
     with path.open("w") as fh:
         for row in ended.itertuples(index=False):
             r = row._asdict()
+            prefill = r["prefill_worker_idx"]
+            decode = r["decode_worker_idx"]
             rec = {
                 "request_id": r["request_id"],
                 "session_id": r["session_id"],
@@ -109,8 +120,21 @@ def write_requests_jsonl(requests: pd.DataFrame, path: Path) -> None:
                 "requested_output_length": r["requested_output_length"],
                 "output_length": r["output_length"],
                 "reused_input_tokens": r["reused_input_tokens"],
-                "prefill_worker_idx": r["prefill_worker_idx"],
-                "decode_worker_idx": r["decode_worker_idx"],
+                "prefill_worker_idx": None
+                if prefill is pd.NA or prefill is None
+                else int(prefill) * prefill_dp + int(r["prefill_dp_rank"]),
+                "decode_worker_idx": None
+                if decode is pd.NA or decode is None
+                else int(decode) * decode_dp + int(r["dp_rank"]),
+                "prefill_admit_ms": r["prefill_admit_ms"],
+                "source_held_ms": r["source_held_ms"],
+                "destination_reserved_ms": r["destination_reserved_ms"],
+                "destination_activated_ms": r["destination_activated_ms"],
+                "decode_admit_ms": r["decode_admit_ms"],
+                "source_released_ms": r["source_released_ms"],
+                "decode_reused_input_tokens": r["decode_reused_input_tokens"]
+                if prefill is not pd.NA and prefill is not None
+                else None,
                 "terminal_status": r["terminal_status"],
             }
             fh.write(json.dumps({k: _jsonable(v) for k, v in rec.items()}) + "\n")

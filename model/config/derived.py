@@ -57,7 +57,13 @@ def role_engine(cfg: RunConfig, role: str) -> VllmEngineConfig:
     if role == "aggregated" or topo.kind != "disagg":
         return cfg.engine
     overrides = getattr(topo, role)
-    update = {k: getattr(overrides, k) for k in overrides.model_fields_set}
+    # null means "as `engine`" (so a role cannot set num_gpu_blocks or max_model_len to null
+    # when `engine` sets them)
+    update = {
+        k: getattr(overrides, k)
+        for k in overrides.model_fields_set
+        if getattr(overrides, k) is not None
+    }
     try:
         return VllmEngineConfig.model_validate({**cfg.engine.model_dump(), **update})
     except ValueError as e:

@@ -17,7 +17,17 @@ CONF = Path(__file__).resolve().parents[2] / "conf"
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 GROUPS = {
     g: sorted(p.stem for p in (CONF / g).glob("*.yaml"))
-    for g in ("llm", "hardware", "engine", "timing", "topology", "router", "workload", "load")
+    for g in (
+        "llm",
+        "hardware",
+        "engine",
+        "timing",
+        "topology",
+        "router",
+        "workload",
+        "load",
+        "link",
+    )
 }
 
 
