@@ -241,8 +241,13 @@ def simulate(cfg: RunConfig) -> Result:
     in_flight = cluster.in_flight()
     # levels hold until the last thing happened: the stop, if it cut requests off
     activity_end = stopped_at if in_flight else recorder.last_event_ms
+    cut = (
+        "in flight at max_virtual_time_ms"
+        if cfg.stop.max_virtual_time_ms is not None
+        else "still in flight when nothing more could happen (the run stalled)"
+    )
     for req in in_flight:
-        recorder.request_terminal(req, INCOMPLETE, stopped_at, "in flight at max_virtual_time_ms")
+        recorder.request_terminal(req, INCOMPLETE, stopped_at, cut)
     for session in workload.sessions:
         for req in session:
             if req.terminal_status == "":

@@ -136,9 +136,9 @@ class DisaggCluster(ClusterBase):
         req.source_held_ms = self.env.now
         reason = self._never_fits_decode(req)
         if reason:
-            self.prefill[req.prefill_worker_idx].ranks[req.prefill_dp_rank].scheduler.release_held(
-                copy
-            )
+            source = self.prefill[req.prefill_worker_idx]
+            source.ranks[req.prefill_dp_rank].scheduler.release_held(copy)
+            source.sample_kv()
             self.end(req, REJECTED, reason)
             return
         self.between_pools[req.idx] = req
@@ -183,6 +183,7 @@ class DisaggCluster(ClusterBase):
             return
         dest.pending.popleft()
         dest.failed_generation = -1
+        dest.worker.sample_kv()
         req.destination_reserved_ms = self.env.now
         bs = self.engines["decode"].block_size
         if self.link_cfg.timing_mode == "destination_missing":
@@ -241,9 +242,12 @@ class DisaggCluster(ClusterBase):
         if req.output_length == 0:
             # nothing to decode: it ends here, and its reserved KV goes back
             dest.rank.pool.release(req)
+            dest.worker.sample_kv()
+            dest.worker.wake()  # the freed blocks may admit what waits there
             self.end(req, COMPLETED)
         else:
             dest.rank.scheduler.activate(req)
+            dest.worker.sample_kv()
             dest.worker.wake()
         self.try_reserve(dest)
 
@@ -253,6 +257,7 @@ class DisaggCluster(ClusterBase):
         assert req is not None
         worker = self.prefill[req.prefill_worker_idx]
         worker.ranks[req.prefill_dp_rank].scheduler.release_held(copy)
+        worker.sample_kv()
         req.source_released_ms = self.env.now
         if req.terminal_status:  # the decode side finished first: its row is written
             self.recorder.request_late(req, "source_released_ms", self.env.now)

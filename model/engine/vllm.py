@@ -312,15 +312,8 @@ class VllmScheduler:
         while waiting and len(running) < cfg.max_num_seqs:
             req = waiting[0]
             if req.materialized:
-                # KV delivered by a transfer: straight to running, no KV check, no budget; it
-                # decodes its first token this pass
                 waiting.popleft()
-                req.materialized = False
-                req.status = Status.RUNNING
-                req.n_admissions += 1
-                running.append(req)
-                self.on_admit(req, 0, now_ms)
-                batch.items.append((req, 0, 0, req.input_length))
+                self._admit_materialized(req, batch, now_ms)
                 continue
             if req.n_admissions == 0:
                 reason = self._never_fits(req)
@@ -349,6 +342,11 @@ class VllmScheduler:
                         )
                     )
                     continue
+                if not running and self.role == "decode":
+                    # what holds the blocks it lacks is KV delivered to requests queued behind
+                    # it, which need no new blocks: let them run (and free their blocks) rather
+                    # than wait on each other forever
+                    self._admit_delivered_behind(batch, now_ms)
                 break
             cached = hit * bs
             if (
@@ -384,6 +382,24 @@ class VllmScheduler:
             budget -= n
             if batch.n_preempted != preempted or (n == 0 and budget == 0):
                 break
+
+    def _admit_materialized(self, req: Request, batch: Batch, now_ms: float) -> None:
+        """KV delivered by a transfer: straight to running, no KV check, no budget; it decodes
+        its first token this pass."""
+        req.materialized = False
+        req.status = Status.RUNNING
+        req.n_admissions += 1
+        self.running.append(req)
+        self.on_admit(req, 0, now_ms)
+        batch.items.append((req, 0, 0, req.input_length))
+
+    def _admit_delivered_behind(self, batch: Batch, now_ms: float) -> None:
+        waiting = self.waiting
+        for req in [r for r in list(waiting)[1:] if r.materialized]:
+            if len(self.running) >= self.cfg.max_num_seqs:
+                break
+            waiting.remove(req)
+            self._admit_materialized(req, batch, now_ms)
 
     def _summarise(self, batch: Batch) -> None:
         n_prefill = sum_isl = sum_prefix = prefill_tokens = n_decode = sum_ctx = 0

@@ -128,6 +128,17 @@ class Worker:
         else:
             command()
 
+    def sample_kv(self) -> None:
+        """Record KV levels and publish KV events now, after a change made between passes (a
+        reservation, a transfer landing, a released source)."""
+        now = self.env.now
+        for rank in self.ranks:
+            pool = rank.pool
+            if pool.pending_events:
+                for kind, h in pool.take_events():
+                    self.recorder.kv_event(now, self.idx, rank.dp_rank, kind, "device", h)
+            self._sample_kv(rank, now)
+
     def has_work(self) -> bool:
         return any(r.scheduler.has_work() for r in self.ranks)
 
@@ -174,6 +185,10 @@ class Worker:
                     self._sample_kv(rank, t)
                 # lock-step ranks: the pass ends when the slowest rank's work does
                 end = max(self._end_of(b, t) for b in batches)
+                # (planning this pass may itself have freed capacity, by preempting)
+                chain = self.fast_forward and not (
+                    self.pass_end_pending is not None and self.pass_end_pending(self)
+                )
                 if end >= horizon or not chain:
                     # something may happen before this pass ends (or the run may stop):
                     # apply it at its end, as it comes

@@ -3,19 +3,27 @@ was.
 
 * `latency_timeline`: each completed request's TTFT and E2E latency against its arrival time,
   with a rolling median, so load building up and draining shows as a drift of the median.
-* `pass_timeline`: a Gantt chart of every worker's forward passes in a time window, coloured
-  prefill-only / decode-only / mixed (continuous batching: prefill chunks ride along with
-  decode steps), each bar labelled with its number of decoding sequences, and each arrival
-  drawn as a marker with a line to its first token (its TTFT).
+* `pass_timeline`: a Gantt chart of every worker's forward passes in a time window, one row per
+  worker (and DP rank), labelled by pool (`p0`, `d0`, `w0`). Aggregated workers' passes are
+  coloured prefill-only / decode-only / mixed (continuous batching: prefill chunks ride along
+  with decode steps); a disaggregated cluster's passes are coloured by role (prefill worker,
+  decode worker). Each bar is labelled with its number of decoding sequences, and each arrival
+  is drawn as a marker with a line to its first token (its TTFT).
+* `request_swimlanes`: one lane per request, cut into the phases of its life: queue, prefill,
+  (P/D only: wait for a decode reservation, transfer, decode queue), decode.
 * `kv_occupancy`: used blocks (held by requests) and cached blocks (held by no request, kept for
-  prefix reuse until evicted) of each KV pool over time, as a step plot.
+  prefix reuse until evicted) of each KV pool over time, as a step plot, with each pool's
+  capacity.
 * `itl_distribution`: the distribution (CDF or histogram) of per-request TPOT and TTFT, and of
   the pooled inter-token gaps when the run kept token times (`output.per_token`).
+* `latency_comparison`: TTFT, TPOT and (with token times) inter-token gap distributions of
+  several runs side by side.
 
 Every function takes a `Result` (or the one table it reads), draws on the given Axes or on a new
-figure, and returns the Axes. Times on the x axis are seconds for whole-run plots and
-milliseconds for the pass window. matplotlib is imported inside the functions, so `import model`
-stays light; the model itself never plots.
+figure, and returns the Axes (`latency_comparison`, which draws several, returns the Figure).
+Times on the x axis are seconds for whole-run plots and milliseconds for the pass window and the
+swimlanes. matplotlib is imported inside the functions, so `import model` stays light; the model
+itself never plots.
 """
 
 from __future__ import annotations
@@ -30,11 +38,23 @@ from model.metrics.summary import nearest_rank
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
     from model.sim import Result
 
-# pass kinds of `pass_timeline`, in legend order, with their colours
+# pass kinds of `pass_timeline` on aggregated workers, in legend order, with their colours
 PASS_KINDS = {"prefill-only": "tab:orange", "decode-only": "tab:blue", "mixed": "tab:green"}
+# passes of a disaggregated cluster's workers, coloured by role; a decode worker prefills only
+# to recompute a preempted request
+ROLE_KINDS = {
+    "prefill worker": "tab:red",
+    "decode worker": "tab:purple",
+    "decode worker, recompute": "tab:olive",
+}
+# pools top to bottom in `pass_timeline`, and each one's row-label prefix (as in the KV pool
+# names cluster.p0, cluster.d0, cluster.w0)
+ROLE_ORDER = ("prefill", "decode", "aggregated")
+ROLE_PREFIX = {"prefill": "p", "decode": "d", "aggregated": "w"}
 # a worker's row in `pass_timeline` spans [lane - 0.5, lane + 0.5]: the bars fill the lower part,
 # arrivals are drawn above them on a few staggered levels so overlapping waits stay apart
 BAR_OFFSET, BAR_HEIGHT = 0.2, 0.5
@@ -104,6 +124,57 @@ def pass_kind(passes: pd.DataFrame) -> np.ndarray:
     return np.select([prefill & decode, prefill], ["mixed", "prefill-only"], "decode-only")
 
 
+def _roles(passes: pd.DataFrame) -> np.ndarray:
+    """Each pass's role (a passes table without the column is an aggregated cluster's)."""
+    if "role" not in passes:
+        return np.full(len(passes), "aggregated", dtype=object)
+    return passes["role"].to_numpy(dtype=object)
+
+
+def pass_category(passes: pd.DataFrame) -> np.ndarray:
+    """Each pass's colour key in `pass_timeline`: its `pass_kind` on an aggregated worker, else
+    its role (`prefill worker`, `decode worker`, or `decode worker, recompute` when a decode
+    worker prefilled a preempted request again)."""
+    roles = _roles(passes)
+    prefill = passes["prefill_seqs"].to_numpy() > 0
+    return np.select(
+        [roles == "aggregated", roles == "prefill", prefill],
+        [pass_kind(passes), "prefill worker", "decode worker, recompute"],
+        "decode worker",
+    )
+
+
+def _lanes(source: Result | pd.DataFrame, passes: pd.DataFrame) -> list[tuple[str, int, int]]:
+    """The Gantt rows as (role, worker, dp_rank), prefill pool first: every rank of the
+    configured cluster with a `Result`, else those that ran a pass."""
+    lanes = set(
+        zip(
+            _roles(passes).tolist(),
+            passes["worker"].tolist(),
+            passes["dp_rank"].tolist(),
+            strict=True,
+        )
+    )
+    if not isinstance(source, pd.DataFrame):
+        from model.config.derived import role_engines
+
+        cfg = source.config
+        topo = cfg.topology
+        for role, engine in role_engines(cfg).items():
+            n_workers = getattr(topo, f"num_{role}_workers", getattr(topo, "num_workers", 0))
+            lanes.update((role, w, r) for w in range(n_workers) for r in range(engine.dp_size))
+    return sorted(lanes, key=lambda lane: (ROLE_ORDER.index(lane[0]), lane[1], lane[2]))
+
+
+def lane_labels(lanes: list[tuple[str, int, int]]) -> list[str]:
+    """Row labels by pool: `p0`, `d1`, `w0`, with `.r{k}` when the pool has several DP ranks."""
+    many_ranks = {role for role, _, rank in lanes if rank}
+    return [
+        f"{ROLE_PREFIX[role]}{w}.r{r}" if role in many_ranks else f"{ROLE_PREFIX[role]}{w}"
+        for role, w, r in lanes
+    ]
+
+
 def pass_timeline(
     source: Result | pd.DataFrame,
     t0_ms: float,
@@ -113,33 +184,39 @@ def pass_timeline(
     label_decode: bool | None = None,
     show_arrivals: bool = True,
 ) -> Axes:
-    """A Gantt chart of the passes that overlap [t0_ms, t1_ms], one row per worker (and DP rank).
+    """A Gantt chart of the passes that overlap [t0_ms, t1_ms], one row per worker (and DP rank),
+    labelled by pool: `p0` (prefill), `d0` (decode), `w0` (aggregated), `.r1` for DP rank 1.
 
-    Each pass is one bar, coloured by `pass_kind`; the number inside is how many sequences
-    decoded in it. `label_decode=None` labels only bars wide enough to read (at least 1.2% of
-    the window): narrow the window to see them all. With a `Result`, each request that arrives
-    in the window is a marker on its worker's row with a line to its first token, so its TTFT
-    reads as the wait for the running pass plus its own prefill.
+    Each pass is one bar, coloured by `pass_category`: aggregated passes by kind (prefill-only,
+    decode-only, mixed), a disaggregated cluster's passes by role. The number inside is how many
+    sequences decoded in it. `label_decode=None` labels only bars wide enough to read (at least
+    1.2% of the window): narrow the window to see them all. With a `Result`, each request that
+    arrives in the window is a marker on the row it arrived at (its aggregated worker, or its
+    prefill worker) with a line to its first token, so its TTFT reads as the wait for the running
+    pass plus its own prefill (plus, in P/D, the handoff and the first decode pass).
     """
     from matplotlib.patches import Patch
 
     if t1_ms <= t0_ms:
         raise ValueError(f"empty window: t0_ms={t0_ms} >= t1_ms={t1_ms}")
     passes = _table(source, "passes")
-    lanes = sorted(set(zip(passes["worker"].tolist(), passes["dp_rank"].tolist(), strict=True)))
+    lanes = _lanes(source, passes)
     ax = _axes(ax, (11, 1.2 + 1.4 * len(lanes)))
-    many_ranks = any(rank for _, rank in lanes)
     lane_of = {lane: i for i, lane in enumerate(lanes)}
     window = passes[(passes["start_ms"] < t1_ms) & (passes["end_ms"] > t0_ms)]
-    kinds = pass_kind(window)
+    categories = pass_category(window)
     y = np.array(
-        [lane_of[w, r] for w, r in zip(window["worker"], window["dp_rank"], strict=True)],
+        [
+            lane_of[lane]
+            for lane in zip(_roles(window), window["worker"], window["dp_rank"], strict=True)
+        ],
         dtype=float,
     )
     start = window["start_ms"].to_numpy(dtype=float)
     width = window["end_ms"].to_numpy(dtype=float) - start
-    for kind, colour in PASS_KINDS.items():
-        sel = kinds == kind
+    colours = {**PASS_KINDS, **ROLE_KINDS}
+    for category, colour in colours.items():
+        sel = categories == category
         if sel.any():
             ax.barh(
                 y[sel] + BAR_OFFSET,
@@ -168,12 +245,17 @@ def pass_timeline(
                     clip_on=True,
                 )
 
-    handles: list[Any] = [Patch(color=c, label=k) for k, c in PASS_KINDS.items()]
+    roles = {role for role, _, _ in lanes}
+    legend = list(PASS_KINDS) if "aggregated" in roles else []
+    legend += [c for c in ("prefill worker", "decode worker") if c.split()[0] in roles]
+    if (categories == "decode worker, recompute").any():
+        legend.append("decode worker, recompute")
+    handles: list[Any] = [Patch(color=colours[k], label=k) for k in legend]
     if show_arrivals and not isinstance(source, pd.DataFrame):
         handles += _draw_arrivals(ax, source.requests, lane_of, t0_ms, t1_ms)
 
     ax.set_yticks([i + BAR_OFFSET for i in range(len(lanes))])
-    ax.set_yticklabels([f"w{w}.r{r}" if many_ranks else f"w{w}" for w, r in lanes])
+    ax.set_yticklabels(lane_labels(lanes))
     ax.set_ylim(len(lanes) - 0.5, -0.5)  # first worker on top
     ax.set_xlim(t0_ms, t1_ms)
     ax.set_xlabel("time (ms)")
@@ -191,36 +273,48 @@ def pass_timeline(
     return ax
 
 
+def _arrival_lanes(requests: pd.DataFrame) -> list[tuple[str, int, int] | None]:
+    """The row each request arrived at: its prefill worker's rank in a disaggregated cluster,
+    else its worker's rank (None before routing)."""
+    out: list[tuple[str, int, int] | None] = []
+    columns = ("prefill_worker_idx", "prefill_dp_rank", "decode_worker_idx", "dp_rank")
+    for pw, pr, dw, dr in zip(*(requests[c].tolist() for c in columns), strict=True):
+        if not pd.isna(pw):
+            out.append(("prefill", int(pw), 0 if pd.isna(pr) else int(pr)))
+        elif not pd.isna(dw):
+            out.append(("aggregated", int(dw), int(dr)))
+        else:
+            out.append(None)
+    return out
+
+
 def _draw_arrivals(
-    ax: Axes, requests: pd.DataFrame, lane_of: dict[tuple[int, int], int], t0: float, t1: float
+    ax: Axes,
+    requests: pd.DataFrame,
+    lane_of: dict[tuple[str, int, int], int],
+    t0: float,
+    t1: float,
 ) -> list[Any]:
-    """Arrivals in [t0, t1) as markers above their worker's bars, each with a line to its first
-    token, on one of `ARRIVAL_LEVELS`. Requests carry a worker index but no DP rank: they go
-    on the worker's first lane."""
+    """Arrivals in [t0, t1) as markers above the bars of the row they arrived at, each with a
+    line to its first token, on one of `ARRIVAL_LEVELS`."""
     from matplotlib.lines import Line2D
 
-    first_lane: dict[int, int] = {}
-    for (w, _), i in sorted(lane_of.items()):
-        first_lane.setdefault(w, i)
-    arr = requests[
-        (requests["arrival_ms"] >= t0)
-        & (requests["arrival_ms"] < t1)
-        & requests["decode_worker_idx"].notna()
-    ]
-    arr = arr[arr["decode_worker_idx"].astype(int).isin(first_lane)]
-    if not len(arr):
-        return []
+    arr = requests[(requests["arrival_ms"] >= t0) & (requests["arrival_ms"] < t1)]
     arr = arr.sort_values("arrival_ms", kind="stable")
-    x = arr["arrival_ms"].to_numpy(dtype=float)
-    ft = arr["first_token_ms"].to_numpy(dtype=float)
+    lanes = [lane_of.get(lane) if lane else None for lane in _arrival_lanes(arr)]
+    keep = np.array([lane is not None for lane in lanes], dtype=bool)
+    if not keep.any():
+        return []
+    lane_idx = [lane for lane in lanes if lane is not None]
+    x = arr["arrival_ms"].to_numpy(dtype=float)[keep]
+    ft = arr["first_token_ms"].to_numpy(dtype=float)[keep]
     has_token = ~np.isnan(ft)
     ends = np.where(has_token, ft, x)
     # each arrival takes the first level of its row that is free by then (else the one that
     # frees first), so waits that overlap in time are drawn apart
     free_at: dict[int, list[float]] = {}
     y = np.empty(len(x))
-    for i, w in enumerate(arr["decode_worker_idx"]):
-        lane = first_lane[int(w)]
+    for i, lane in enumerate(lane_idx):
         levels = free_at.setdefault(lane, [-np.inf] * len(ARRIVAL_LEVELS))
         free = [k for k, t in enumerate(levels) if t <= x[i]]
         k = free[0] if free else int(np.argmin(levels))
@@ -232,6 +326,32 @@ def _draw_arrivals(
     return [Line2D([], [], color="black", marker="v", markersize=5, label="arrival -> first token")]
 
 
+def pool_role(pool: str) -> str:
+    """The role of a KV pool from its dotted name: `cluster.p0` (prefill), `cluster.d1.r0`
+    (decode), `cluster.w0` (aggregated)."""
+    parts = str(pool).split(".")
+    worker = parts[1] if len(parts) > 1 else ""
+    if worker[:1] == "p" and worker[1:].isdigit():
+        return "prefill"
+    if worker[:1] == "d" and worker[1:].isdigit():
+        return "decode"
+    return "aggregated"
+
+
+def pool_capacities(result: Result) -> dict[str, int]:
+    """KV blocks per pool (one rank) of each role, from the summary's metadata:
+    `num_gpu_blocks` is the aggregated or decode pools', `prefill_num_gpu_blocks` the prefill
+    pools' (a run without it has no prefill pools)."""
+    meta = result.summary.get("metadata", {})
+    out: dict[str, int] = {}
+    if meta.get("num_gpu_blocks") is not None:
+        blocks = int(meta["num_gpu_blocks"])
+        out["aggregated"] = out["decode"] = blocks
+    if meta.get("prefill_num_gpu_blocks") is not None:
+        out["prefill"] = int(meta["prefill_num_gpu_blocks"])
+    return out
+
+
 def kv_occupancy(
     source: Result | pd.DataFrame,
     ax: Axes | None = None,
@@ -239,18 +359,31 @@ def kv_occupancy(
     capacity_blocks: int | None = None,
 ) -> Axes:
     """Used and cached blocks of each KV pool over time, as steps (a level holds until the next
-    record; before the first record it is 0).
+    record; before the first record it is 0). Pools are in the order prefill, decode,
+    aggregated.
 
     Used blocks are held by running requests; cached blocks are held by none and stay for prefix
-    reuse until evicted, so they climb towards the capacity and stay there. The capacity line is
-    the configured `num_gpu_blocks` when a `Result` is given (or `capacity_blocks`).
+    reuse until evicted, so they climb towards the capacity and stay there. In a disaggregated
+    cluster a prefill pool's used blocks include the KV it holds for requests in handoff (until
+    the decode side has it). The capacity line is each pool's configured size when a `Result` is
+    given (one line per role when prefill and decode pools differ), or `capacity_blocks`.
     """
     ax = _axes(ax, (9, 4))
     kv = _table(source, "kv")
-    if capacity_blocks is None and not isinstance(source, pd.DataFrame):
-        capacity_blocks = source.summary.get("metadata", {}).get("num_gpu_blocks")
+    pools = sorted(kv["pool"].unique(), key=lambda p: (ROLE_ORDER.index(pool_role(p)), p))
+    roles = list(dict.fromkeys(pool_role(p) for p in pools))
+    if capacity_blocks is not None:
+        capacities = dict.fromkeys(roles, capacity_blocks)
+    elif isinstance(source, pd.DataFrame):
+        capacities = {}
+    else:
+        known = pool_capacities(source)
+        capacities = {role: known[role] for role in roles if role in known}
     many_tiers = kv["tier"].nunique() > 1
-    for i, ((pool, tier), g) in enumerate(kv.groupby(["pool", "tier"], sort=True)):
+    groups = kv.groupby(["pool", "tier"], sort=True)
+    keys = sorted(groups.groups, key=lambda k: (pools.index(k[0]), k[1]))
+    for i, (pool, tier) in enumerate(keys):
+        g = groups.get_group((pool, tier))
         name = f"{pool} ({tier})" if many_tiers else str(pool)
         t = g["t_ms"].to_numpy(dtype=float)
         used = g["used_blocks"].to_numpy(dtype=float)
@@ -268,8 +401,12 @@ def kv_occupancy(
             linestyle="--",
             label=f"{name} cached",
         )
-    if capacity_blocks:
-        ax.axhline(capacity_blocks, color="grey", linestyle=":", label="capacity per pool")
+    if len(set(capacities.values())) == 1:
+        (blocks,) = set(capacities.values())
+        ax.axhline(blocks, color="grey", linestyle=":", label="capacity per pool")
+    else:
+        for (role, blocks), style in zip(capacities.items(), (":", "-.", "--"), strict=False):
+            ax.axhline(blocks, color="grey", linestyle=style, label=f"capacity per {role} pool")
     ax.set_xlabel("time (s)")
     ax.set_ylabel("KV blocks")
     ax.set_ylim(bottom=0)
@@ -330,3 +467,216 @@ def itl_distribution(
     ax.legend(loc="lower right" if kind == "cdf" else "upper right", fontsize="small")
     ax.grid(True, which="major", alpha=0.3)
     return ax
+
+
+# the phases of a request's life in `request_swimlanes`, in order, as (start column, end
+# column) for a disaggregated request and for an aggregated one (None: not a phase there)
+SWIMLANE_SEGMENTS: dict[str, tuple[str, tuple[tuple[str, str] | None, tuple[str, str] | None]]] = {
+    "queue": (
+        "lightgrey",
+        (("arrival_ms", "prefill_admit_ms"), ("arrival_ms", "first_admit_ms")),
+    ),
+    "prefill": (
+        "tab:orange",
+        (("prefill_admit_ms", "source_held_ms"), ("first_admit_ms", "first_token_ms")),
+    ),
+    "reservation wait": ("gold", (("source_held_ms", "destination_reserved_ms"), None)),
+    "transfer": ("tab:red", (("destination_reserved_ms", "destination_activated_ms"), None)),
+    "decode queue": ("tab:cyan", (("destination_activated_ms", "decode_admit_ms"), None)),
+    "decode": (
+        "tab:blue",
+        (("decode_admit_ms", "last_token_ms"), ("first_token_ms", "last_token_ms")),
+    ),
+}
+
+
+def swimlane_segments(requests: pd.DataFrame) -> pd.DataFrame:
+    """The phases of each request's life, one row per (request, phase) whose two ends are known
+    and apart, with columns request_id, segment, start_ms, end_ms.
+
+    A disaggregated request (one with a prefill worker): queue (arrival -> prefill admission),
+    prefill (-> its KV held on the prefill worker), reservation wait (-> a decode rank reserved
+    KV for it), transfer (-> the decode worker activated it: the link's time plus the wait for
+    the decode pass in flight to end), decode queue (-> decode admission), decode (-> last
+    token; its first pass makes the first token). An aggregated request: queue (arrival ->
+    first admission), prefill (-> first token), decode (-> last token).
+    """
+    pd_request = requests["prefill_worker_idx"].notna().to_numpy()
+    rows = []
+    for name, (_, (disagg, aggregated)) in SWIMLANE_SEGMENTS.items():
+        for spans, sel in ((disagg, pd_request), (aggregated, ~pd_request)):
+            if spans is None or not sel.any():
+                continue
+            part = requests[sel]
+            start = part[spans[0]].to_numpy(dtype=float)
+            end = part[spans[1]].to_numpy(dtype=float)
+            keep = end > start  # NaN compares False: phases not reached are left out
+            rows.append(
+                pd.DataFrame(
+                    {
+                        "request_id": part["request_id"].to_numpy()[keep],
+                        "segment": name,
+                        "start_ms": start[keep],
+                        "end_ms": end[keep],
+                    }
+                )
+            )
+    if not rows:
+        return pd.DataFrame(columns=["request_id", "segment", "start_ms", "end_ms"])
+    return pd.concat(rows, ignore_index=True)
+
+
+def request_swimlanes(
+    source: Result | pd.DataFrame,
+    request_ids: list[str] | None = None,
+    n: int = 20,
+    ax: Axes | None = None,
+    *,
+    align: str = "absolute",
+) -> Axes:
+    """One horizontal lane per request, cut into the phases of `swimlane_segments`, with a tick
+    at its first token (so TTFT is the stretch from the lane's start to the tick).
+
+    `request_ids` picks the requests, top to bottom; else the first `n` to arrive.
+    `align="absolute"` draws run time; `align="arrival"` starts every lane at 0 (time since its
+    arrival), so the phases of different requests line up: zoom on TTFT with
+    `ax.set_xlim(0, ...)`.
+    """
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    if align not in ("absolute", "arrival"):
+        raise ValueError(f"align must be 'absolute' or 'arrival', not {align!r}")
+    requests = _table(source, "requests")
+    if request_ids is None:
+        arrived = requests[requests["arrival_ms"].notna()]
+        chosen = arrived.sort_values("arrival_ms", kind="stable").head(n)
+    else:
+        by_id = requests.set_index("request_id", drop=False)
+        missing = [r for r in request_ids if r not in by_id.index]
+        if missing:
+            raise KeyError(f"no such requests: {missing}")
+        chosen = by_id.loc[list(request_ids)].reset_index(drop=True)
+    ids = chosen["request_id"].tolist()
+    ax = _axes(ax, (11, 1.0 + 0.3 * max(len(ids), 1)))
+    lane_of = {r: i for i, r in enumerate(ids)}
+    origin = dict.fromkeys(ids, 0.0)
+    if align == "arrival":
+        origin = dict(zip(ids, chosen["arrival_ms"].astype(float), strict=True))
+
+    segments = swimlane_segments(chosen)
+    handles: list[Any] = []
+    for name, (colour, _) in SWIMLANE_SEGMENTS.items():
+        part = segments[segments["segment"] == name]
+        if not len(part):
+            continue
+        shift = part["request_id"].map(origin).to_numpy(dtype=float)
+        start = part["start_ms"].to_numpy(dtype=float) - shift
+        ax.barh(
+            part["request_id"].map(lane_of).to_numpy(dtype=float),
+            part["end_ms"].to_numpy(dtype=float) - part["start_ms"].to_numpy(dtype=float),
+            left=start,
+            height=0.6,
+            color=colour,
+            edgecolor="none",
+            label=name,
+        )
+        handles.append(Patch(color=colour, label=name))
+    first = chosen["first_token_ms"].to_numpy(dtype=float)
+    has_token = ~np.isnan(first)
+    if has_token.any():
+        shift = np.array([origin[r] for r in ids])
+        y = np.arange(len(ids), dtype=float)
+        ax.plot(
+            (first - shift)[has_token],
+            y[has_token],
+            linestyle="none",
+            marker="|",
+            color="black",
+            markersize=10,
+        )
+        handles.append(
+            Line2D([], [], linestyle="none", marker="|", color="black", label="first token")
+        )
+    ax.set_yticks(range(len(ids)))
+    ax.set_yticklabels(ids)
+    ax.set_ylim(len(ids) - 0.5, -0.5)  # first request on top
+    ax.set_xlabel("time since arrival (ms)" if align == "arrival" else "time (ms)")
+    ax.set_title(f"Request lifecycles ({len(ids)} requests)")
+    ax.legend(
+        handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small", frameon=False
+    )
+    ax.grid(True, axis="x", alpha=0.3)
+    return ax
+
+
+def _log_ms_axis(ax: Axes) -> None:
+    """A log x axis with plain numbers at 1, 2, 5 x 10^k (a CDF over less than a decade would
+    otherwise get one labelled tick, or minor ticks in scientific notation)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+def latency_comparison(
+    results: dict[str, Result],
+    *,
+    log_x: bool = True,
+) -> Figure:
+    """TTFT and TPOT distributions of several runs side by side, as empirical CDFs over their
+    completed requests (one line per run, p50 and p90 in the legend); when every run kept token
+    times (`output.per_token`), a third panel shows the tail of the pooled inter-token gaps: the
+    fraction of gaps at least x ms long, on a log scale, with p99 and the longest gap.
+    `log_x` puts TTFT and the gaps on log axes (TPOT stays linear).
+
+    TPOT (the `itl_ms` column) is one value per request, (last - first token) / (tokens - 1):
+    it shows how fast decoding went on average. The pooled gaps show the individual stalls that
+    an average hides, such as a decode step stretched by a prefill chunk in the same pass.
+    """
+    import matplotlib.pyplot as plt
+
+    if not results:
+        raise ValueError("no runs to compare")
+    with_gaps = all(r.token_times for r in results.values())
+    fig, axes = plt.subplots(
+        1, 3 if with_gaps else 2, figsize=(15 if with_gaps else 11, 4), layout="constrained"
+    )
+    panels = [("ttft_ms", "TTFT"), ("itl_ms", "TPOT per request")]
+    for ax, (column, title) in zip(axes, panels, strict=False):
+        for i, (name, result) in enumerate(results.items()):
+            x = np.sort(_completed(result.requests)[column].dropna().to_numpy(dtype=float))
+            if not len(x):
+                continue
+            label = f"{name}: p50 {nearest_rank(x, 50):,.1f}, p90 {nearest_rank(x, 90):,.1f} ms"
+            y = np.arange(1, len(x) + 1) / len(x)
+            ax.step(x, y, where="post", color=f"C{i}", label=label)
+        ax.set_ylabel("fraction of requests")
+        ax.set_title(title)
+    if with_gaps:
+        ax = axes[2]
+        for i, (name, result) in enumerate(results.items()):
+            done = _completed(result.requests)["request_id"]
+            gaps = [np.diff(result.token_times[r]) for r in done if r in result.token_times]
+            x = np.sort(np.concatenate(gaps)) if gaps else np.empty(0)
+            if not len(x):
+                continue
+            label = f"{name}: p99 {nearest_rank(x, 99):,.1f}, max {x[-1]:,.1f} ms"
+            # the fraction of gaps >= x: from 1 down to 1/n, so it stays on a log scale
+            y = (len(x) - np.arange(len(x))) / len(x)
+            ax.step(x, y, where="post", color=f"C{i}", label=label)
+        ax.set_yscale("log")
+        ax.set_ylabel("fraction of gaps >= x")
+        ax.set_title("Inter-token gaps (tail)")
+    # CDFs rise to the right, the tail falls: each legend goes where its lines are not. TPOT
+    # spans a narrow range (a decode pass, give or take): its axis stays linear
+    locs = ("lower right", "lower right", "lower left")
+    for i, (ax, loc) in enumerate(zip(axes, locs, strict=False)):
+        if log_x and i != 1:
+            _log_ms_axis(ax)
+        ax.set_xlabel("ms")
+        ax.legend(loc=loc, fontsize="small")
+        ax.grid(True, which="major", alpha=0.3)
+    return fig

@@ -56,7 +56,7 @@ def write_rows(rows) -> str:
     return f.name
 
 
-def run(rows, engine, workers, stop_ms=None, timing="fixed"):
+def run(rows, engine, workers, stop_ms=None, timing="fixed", topology=None, link=None):
     path = write_rows(rows)
     try:
         cfg = make_config(
@@ -65,7 +65,8 @@ def run(rows, engine, workers, stop_ms=None, timing="fixed"):
             timing={"kind": "fixed", "prefill_ms": 7.0, "decode_ms": 3.0}
             if timing == "fixed"
             else {"kind": "polynomial"},
-            topology={"num_workers": workers},
+            topology=topology or {"num_workers": workers},
+            link=link or {},
             stop={"max_virtual_time_ms": stop_ms},
             output={"progress": "off", "kv_events": True},
         )
@@ -191,3 +192,72 @@ def test_fast_forward_gives_the_step_by_step_answer(rows, engine, workers, max_m
     pd.testing.assert_frame_equal(fast.passes, step.passes)
     pd.testing.assert_frame_equal(fast.kv, step.kv)
     pd.testing.assert_frame_equal(fast.kv_events, step.kv_events)
+
+
+pd_strategy = st.fixed_dictionaries(
+    {
+        "kind": st.just("disagg"),
+        "num_prefill_workers": st.integers(1, 2),
+        "num_decode_workers": st.integers(1, 2),
+        "prefill": st.fixed_dictionaries(
+            {"num_gpu_blocks": st.integers(20, 120), "dp_size": st.sampled_from([1, 2])}
+        ),
+        "decode": st.fixed_dictionaries(
+            {
+                "num_gpu_blocks": st.integers(4, 120),
+                "max_num_seqs": st.sampled_from([1, 4, 256]),
+                "dp_size": st.sampled_from([1, 2]),
+            }
+        ),
+    }
+)
+link_strategy = st.fixed_dictionaries(
+    {
+        "bandwidth_gbps": st.sampled_from([None, 0.001, 0.01]),
+        "timing_mode": st.sampled_from(["full_prompt", "destination_missing"]),
+    }
+)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    rows=rows_strategy,
+    engine=engine_strategy.map(lambda e: dict(e, enable_prefix_caching=True)),
+    topology=pd_strategy,
+    link=link_strategy,
+    cut=st.sampled_from([None, 300.0]),
+)
+def test_disagg_loses_nothing_and_fast_forward_changes_nothing(rows, engine, topology, link, cut):
+    """Every request of a P/D run ends completed, rejected or incomplete; every pool ends with
+    no KV held by finished work; stepping every pass gives the same tables."""
+    fast = run(rows, dict(engine, fast_forward=True), 1, cut, "polynomial", topology, link)
+    step = run(rows, dict(engine, fast_forward=False), 1, cut, "polynomial", topology, link)
+    req = fast.requests
+    assert len(req) == len(rows)
+    assert set(req.terminal_status) <= {"completed", "rejected", "incomplete"}
+    s = fast.summary
+    assert (
+        s["completed_requests"] + s["rejected_requests"] + s["incomplete_requests"]
+        == (s["num_requests"])
+    )
+    if cut is None:
+        assert set(req.terminal_status) <= {"completed", "rejected"}
+        last = fast.kv.groupby("pool").tail(1)
+        assert (last.used_blocks == 0).all(), last
+        done = req[req.terminal_status == "completed"]
+        assert (done.output_length == done.requested_output_length).all()
+        pd_done = done[done.output_length > 0]
+        order = [
+            "prefill_admit_ms",
+            "source_held_ms",
+            "destination_reserved_ms",
+            "destination_activated_ms",
+            "decode_admit_ms",
+            "first_token_ms",
+        ]
+        for a, b in zip(order, order[1:], strict=False):
+            assert (pd_done[a] <= pd_done[b]).all(), (a, b)
+        assert (pd_done.destination_activated_ms <= pd_done.source_released_ms).all()
+    pd.testing.assert_frame_equal(fast.requests, step.requests)
+    pd.testing.assert_frame_equal(fast.passes, step.passes)
+    pd.testing.assert_frame_equal(fast.transfers, step.transfers)

@@ -1,8 +1,11 @@
-"""The plot helpers of `model.metrics.plots` on one small simulated run, with the Agg backend.
+"""The plot helpers of `model.metrics.plots` on small simulated runs, with the Agg backend.
 
-Behaviour, not pixels: each helper returns the Axes it drew on and draws the artists its tables
-imply (one bar per pass overlapping the Gantt window, coloured by pass kind and labelled with its
-decoding sequences; one step line per pool and level; one CDF per latency series).
+Behaviour, not pixels: each helper returns the Axes (or Figure) it drew on and draws the artists
+its tables imply (one bar per pass overlapping the Gantt window, coloured by pass kind or by P/D
+role and labelled with its decoding sequences; one step line per pool and level; one CDF per
+latency series and run; one bar per phase of a request's life, as long as the phase). The P/D
+tests use a 1P1D run with fixed timing and a 1 GB/s link, so lifecycle phases have exact
+lengths.
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ matplotlib.use("Agg", force=True)
 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
-from conftest import make_config  # noqa: E402
+from conftest import make_config, write_jsonl  # noqa: E402
 from matplotlib.colors import to_rgba  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
@@ -196,3 +200,254 @@ def test_itl_distribution_hist_and_table_only(result):
     assert len(ax.get_legend().get_texts()) == 2  # no token times: no pooled ITL
     with pytest.raises(ValueError, match="kind"):
         plots.itl_distribution(result, kind="violin")
+
+
+# ---------------------------------------------------------------- P/D (1P1D, fixed timing)
+
+FIXED = {"kind": "fixed", "prefill_ms": 10.0, "decode_ms": 1.0}
+
+
+def trace_row(t: float, n_in: int, n_out: int, first_block: int) -> dict:
+    return {
+        "timestamp": t,
+        "input_length": n_in,
+        "output_length": n_out,
+        "hash_ids": list(range(first_block, first_block + -(-n_in // 64))),
+    }
+
+
+# four prompts on one prefill worker (10 ms per pass): 2 and 3 arrive while a pass runs and
+# queue; a 20-block decode pool cannot hold 3 (16 blocks) beside 1 and 2, so it waits for a
+# reservation, and so does 4 behind it; the 1 GB/s link moves 131,072 B per token
+PD_TRACE = [
+    trace_row(0, 512, 8, 0),
+    trace_row(5, 256, 6, 100),
+    trace_row(12, 1024, 4, 200),
+    trace_row(40, 384, 5, 300),
+]
+
+
+def pd_config(path: str, **sections):
+    return make_config(
+        workload={"kind": "mooncake", "path": path, "trace_block_size": 64},
+        timing=FIXED,
+        link={"bandwidth_gbps": 1.0},
+        output={"progress": "off", "per_token": True},
+        **sections,
+    )
+
+
+@pytest.fixture(scope="module")
+def pd_trace(tmp_path_factory) -> str:
+    return str(write_jsonl(tmp_path_factory.mktemp("pd") / "trace.jsonl", PD_TRACE))
+
+
+@pytest.fixture(scope="module")
+def pd_result(pd_trace) -> Result:
+    """1P1D; the decode pool holds 20 blocks of 64 tokens, the prefill pool 16,384."""
+    return simulate(
+        pd_config(pd_trace, topology={"kind": "disagg", "decode": {"num_gpu_blocks": 20}})
+    )
+
+
+@pytest.fixture(scope="module")
+def agg_result(pd_trace) -> Result:
+    """The same trace on one aggregated worker."""
+    return simulate(pd_config(pd_trace, topology={"num_workers": 1}))
+
+
+def segment_bars(ax) -> dict[str, list[Rectangle]]:
+    return {c.get_label(): list(c.patches) for c in ax.containers}
+
+
+def test_pd_run_has_every_handoff_phase(pd_result):
+    """The scenario the swimlane tests rely on: queueing, reservation waits and transfers."""
+    r = pd_result.requests.set_index("request_id")
+    assert list(r["prefill_admit_ms"] - r["arrival_ms"]) == [0, 5, 8, 0]
+    assert list(r["destination_reserved_ms"] > r["source_held_ms"]) == [False, False, True, True]
+    transfer = r["destination_activated_ms"] - r["destination_reserved_ms"]
+    assert transfer["1"] == pytest.approx(512 * 131_072 / 1e6)
+
+
+def test_request_swimlanes_segments_have_the_lifecycle_lengths(pd_result):
+    """Each phase is one bar on its request's lane, from one lifecycle column to the next:
+    queue (arrival -> prefill admission), prefill (-> source held), reservation wait (->
+    reserved), transfer (-> activated), decode (decode admission -> last token). Zero-length
+    phases (no decode queue here) are not drawn."""
+    r = pd_result.requests
+    ax = plots.request_swimlanes(pd_result)
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["1", "2", "3", "4"]
+    drawn = segment_bars(ax)
+    assert list(drawn) == ["queue", "prefill", "reservation wait", "transfer", "decode"]
+    spans = {
+        "queue": ("arrival_ms", "prefill_admit_ms"),
+        "prefill": ("prefill_admit_ms", "source_held_ms"),
+        "reservation wait": ("source_held_ms", "destination_reserved_ms"),
+        "transfer": ("destination_reserved_ms", "destination_activated_ms"),
+        "decode": ("decode_admit_ms", "last_token_ms"),
+    }
+    for name, (start, end) in spans.items():
+        want = sorted(
+            (lane, s, e - s)
+            for lane, (s, e) in enumerate(zip(r[start], r[end], strict=True))
+            if e > s
+        )
+        got = sorted(
+            (round(b.get_y() + b.get_height() / 2), b.get_x(), b.get_width()) for b in drawn[name]
+        )
+        assert [g[0] for g in got] == [w[0] for w in want], name
+        np.testing.assert_allclose([g[1:] for g in got], [w[1:] for w in want], err_msg=name)
+    # the transfer bars are the link's time (activation here never waits for a decode pass)
+    t = pd_result.transfers.set_index("request_id").loc[r["request_id"]]
+    widths = sorted(b.get_width() for b in drawn["transfer"])
+    np.testing.assert_allclose(widths, sorted(t["end_ms"] - t["start_ms"]))
+    # phases tile each lane from arrival to last token
+    total = sum(b.get_width() for bars_ in drawn.values() for b in bars_)
+    assert total == pytest.approx((r["last_token_ms"] - r["arrival_ms"]).sum())
+    (ticks,) = ax.get_lines()
+    np.testing.assert_allclose(ticks.get_xdata(), r["first_token_ms"])
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == [*drawn, "first token"]
+
+
+def test_request_swimlanes_pick_and_align(pd_result):
+    """`request_ids` picks and orders the lanes; `align="arrival"` starts each at 0, so a
+    first-token tick sits at the request's TTFT; `n` keeps the first arrivals."""
+    r = pd_result.requests.set_index("request_id")
+    ax = plots.request_swimlanes(pd_result, ["4", "1"], align="arrival")
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["4", "1"]
+    np.testing.assert_allclose(ax.get_lines()[0].get_xdata(), r.loc[["4", "1"], "ttft_ms"])
+    queue = segment_bars(ax)["prefill"]
+    assert sorted(b.get_x() for b in queue) == [0.0, 0.0]  # neither queued
+    assert "time since arrival" in ax.get_xlabel()
+    ax = plots.request_swimlanes(pd_result.requests, n=2)
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["1", "2"]
+    with pytest.raises(KeyError, match="nope"):
+        plots.request_swimlanes(pd_result, ["nope"])
+    with pytest.raises(ValueError, match="align"):
+        plots.request_swimlanes(pd_result, align="end")
+
+
+def test_request_swimlanes_aggregated_requests(agg_result):
+    """An aggregated request: queue (arrival -> first admission), prefill (-> first token),
+    decode (-> last token)."""
+    r = agg_result.requests
+    ax = plots.request_swimlanes(agg_result)
+    drawn = segment_bars(ax)
+    assert list(drawn) == ["queue", "prefill", "decode"]
+    np.testing.assert_allclose(
+        sorted(b.get_x() + b.get_width() for b in drawn["prefill"]), sorted(r["first_token_ms"])
+    )
+    np.testing.assert_allclose(
+        sorted(b.get_width() for b in drawn["decode"]),
+        sorted(r["last_token_ms"] - r["first_token_ms"]),
+    )
+
+
+def test_pass_timeline_colours_pd_passes_by_role_and_rows_by_pool(pd_result):
+    p = pd_result.passes
+    t1 = p["end_ms"].max()
+    ax = plots.pass_timeline(pd_result, 0.0, t1)
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["p0", "d0"]
+    drawn = bars(ax)
+    assert len(drawn) == len(p)
+    for role, colour in (("prefill", "prefill worker"), ("decode", "decode worker")):
+        mine = [b for b in drawn if b.get_facecolor() == to_rgba(plots.ROLE_KINDS[colour])]
+        assert len(mine) == (p["role"] == role).sum() > 0
+        # prefill on the top row (0), decode below (1)
+        assert {round(b.get_y()) for b in mine} == {0 if role == "prefill" else 1}
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == ["prefill worker", "decode worker", "arrival -> first token"]
+    # arrivals are marked on the prefill worker's row, each with a line to its first token
+    arrivals = ax.get_lines()[0]
+    np.testing.assert_allclose(np.sort(arrivals.get_xdata()), pd_result.requests["arrival_ms"])
+    assert all(-0.5 < y < 0 for y in arrivals.get_ydata())
+
+
+def test_pass_category():
+    passes = pd.DataFrame(
+        {
+            "role": ["aggregated", "aggregated", "prefill", "decode", "decode"],
+            "prefill_seqs": [1, 1, 2, 0, 1],
+            "decode_seqs": [0, 3, 0, 4, 4],
+        }
+    )
+    assert list(plots.pass_category(passes)) == [
+        "prefill-only",
+        "mixed",
+        "prefill worker",
+        "decode worker",
+        "decode worker, recompute",
+    ]
+    # a table without roles is an aggregated cluster's
+    assert list(plots.pass_category(passes.drop(columns="role"))[:2]) == ["prefill-only", "mixed"]
+
+
+def test_pass_timeline_labels_ranks_when_a_pool_has_several(pd_trace):
+    """Decode workers with two DP ranks: one row per rank (`d0.r0`, `d0.r1`), the prefill pool
+    (one rank) stays `p0`; every configured rank has a row even if it never ran a pass."""
+    result = simulate(
+        pd_config(
+            pd_trace, topology={"kind": "disagg", "num_decode_workers": 2, "decode": {"dp_size": 2}}
+        )
+    )
+    ax = plots.pass_timeline(result, 0.0, 50.0)
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels == ["p0", "d0.r0", "d0.r1", "d1.r0", "d1.r1"]
+
+
+def test_kv_occupancy_pd_pools_and_capacities(pd_result):
+    """Prefill pools first; each role's capacity from the metadata (prefill_num_gpu_blocks for
+    the prefill pool, num_gpu_blocks for the decode pool), one line each when they differ."""
+    meta = pd_result.summary["metadata"]
+    assert (meta["prefill_num_gpu_blocks"], meta["num_gpu_blocks"]) == (16384, 20)
+    ax = plots.kv_occupancy(pd_result)
+    labels = [line.get_label() for line in ax.get_lines()]
+    assert labels == [
+        "cluster.p0 used",
+        "cluster.p0 cached",
+        "cluster.d0 used",
+        "cluster.d0 cached",
+        "capacity per prefill pool",
+        "capacity per decode pool",
+    ]
+    prefill_cap, decode_cap = ax.get_lines()[-2:]
+    assert set(prefill_cap.get_ydata()) == {16384} and set(decode_cap.get_ydata()) == {20}
+    decode_used = ax.get_lines()[2]
+    assert max(decode_used.get_ydata()) <= 20
+    assert plots.pool_role("cluster.d1.r0") == "decode" and plots.pool_role("cluster.w3") == (
+        "aggregated"
+    )
+
+
+def test_latency_comparison_one_line_per_run_in_each_panel(pd_result, agg_result):
+    runs = {"1P1D": pd_result, "aggregated": agg_result}
+    fig = plots.latency_comparison(runs)
+    ttft_ax, tpot_ax, gaps_ax = fig.axes[:3]
+    assert [ax.get_title() for ax in (ttft_ax, tpot_ax, gaps_ax)] == [
+        "TTFT",
+        "TPOT per request",
+        "Inter-token gaps (tail)",
+    ]
+    for ax, column in ((ttft_ax, "ttft_ms"), (tpot_ax, "itl_ms")):
+        lines = ax.get_lines()
+        assert [line.get_label().split(":")[0] for line in lines] == list(runs)
+        for line, result in zip(lines, runs.values(), strict=True):
+            np.testing.assert_allclose(line.get_xdata(), np.sort(result.requests[column]))
+            assert line.get_ydata()[-1] == 1.0
+    assert f"p50 {pd_result.summary['median_ttft_ms']:,.1f}" in ttft_ax.get_lines()[0].get_label()
+    for line, result in zip(gaps_ax.get_lines(), runs.values(), strict=True):
+        n_gaps = (result.requests["output_length"] - 1).sum()
+        assert len(line.get_xdata()) == n_gaps
+        y = np.asarray(line.get_ydata())
+        assert y[0] == 1.0 and y[-1] == pytest.approx(1 / n_gaps)
+        assert f"max {result.summary['max_itl_ms']:,.1f}" in line.get_label()
+    assert gaps_ax.get_yscale() == "log" and tpot_ax.get_xscale() == "linear"
+
+
+def test_latency_comparison_without_token_times_has_two_panels(pd_result, result):
+    no_times = Result(**{**vars(pd_result), "token_times": {}})
+    fig = plots.latency_comparison({"a": no_times, "b": result})
+    assert len(fig.axes) == 2
+    with pytest.raises(ValueError, match="no runs"):
+        plots.latency_comparison({})
