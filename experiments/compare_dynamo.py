@@ -1,26 +1,48 @@
 """Compare servesim with NVIDIA Dynamo's mocker (offline trace replay) on the same traces.
 
-For every trace x worker count this runs
+For every trace x cluster shape this runs
 
 * servesim: `model.simulate` on a RunConfig composed from conf/ with Hydra's compose API
-  (`experiment=dynamo_compat workload=mooncake workload.path=TRACE topology.num_workers=N
-  output.progress=off` plus every `--override`), and
-* the mocker: `dynamo._core.run_mocker_trace_replay([TRACE], ...)` with the engine settings
+  (`experiment=dynamo_compat workload=mooncake workload.path=TRACE output.progress=off`, the
+  shape -- `topology.num_workers=N`, or `topology=disagg topology.num_prefill_workers=P
+  topology.num_decode_workers=D` -- and every `--override`), and
+* the mocker: `dynamo._core.run_mocker_trace_replay([TRACE], ...)` with the settings
   translated from that same RunConfig (`mocker_kwargs`): the engine block (num_gpu_blocks,
   block_size, max_num_seqs, max_num_batched_tokens, prefix caching, chunked prefill,
-  max_model_len, speed-up ratios, preemption mode, tensor parallel size) and the timing model
-  (polynomial or fixed) become `extra_engine_args={"engine": {...}}`; the workload's
-  trace_block_size, the load's arrival_speedup_ratio or concurrency and the stop time become
-  keyword arguments. A setting the mocker cannot express stops the run (exit status 2).
+  max_model_len, speed-up ratios, preemption mode) and the timing model (polynomial or fixed);
+  the workload's trace_block_size, the load's arrival_speedup_ratio or concurrency and the
+  stop time become keyword arguments.
+  - Aggregated workers: `num_workers` and `extra_engine_args={"engine": {...},
+    "tensor_parallel_size": tp}` (plus `dp_size` when it is not 1).
+  - Prefill/decode disaggregation (`--pd PxD`, or `--override topology=disagg ...`):
+    `num_prefill_workers`, `num_decode_workers`, and `prefill_engine_args` /
+    `decode_engine_args` built from servesim's per-role engines
+    (`model.config.derived.role_engines`: `engine` with `topology.prefill.*` /
+    `topology.decode.*`), each `{"engine": {..., "worker_type": ROLE}, "dp_size": dp,
+    "tensor_parallel_size": tp}`. The link goes on the prefill args, the only ones the mocker
+    reads it from: `kv_transfer_bandwidth` (link.bandwidth_gbps, decimal GB/s; null = instant),
+    `kv_bytes_per_token` (link.kv_bytes_per_token, or the llm geometry: 131072 for
+    Llama-3.1-8B) and `kv_transfer_timing_mode` (link.timing_mode). No `extra_engine_args`.
+
+  A setting the mocker cannot express stops the run (exit status 2): another timing model or
+  polynomial coefficients, a random router, a non-Mooncake workload, a rate load; in P/D also
+  link.latency_ms > 0 (e.g. link=infiniband), link.contention other than per_request,
+  link.state_bytes > 0 and per-pair links (link.pairs).
 
 and prints, per case, servesim's value, the mocker's value and their difference for: mean,
 median and p90 of TTFT, ITL, TPOT and E2E latency; request, output and total throughput; prefix
-cache reuse; duration; completed requests. Targets: latencies within 2 % (relative),
-throughputs, duration and completed requests within 1 % (relative), prefix reuse within 0.01
-(absolute). The mocker's ITL percentiles come from a DDSketch (0.1 % error); servesim's are
-exact. Each side's wall time (the simulate / replay call alone) and their ratio are reported.
-With `--per-request` every servesim request is also joined with the mocker's per-request records
-(`report_jsonl_path`) and the differences are counted (informational).
+cache reuse; duration; completed requests; prefill and decode worker-seconds and GPU hours.
+Targets: latencies within 2 % (relative), throughputs, duration, completed requests,
+worker-seconds and GPU hours within 1 % (relative), prefix reuse within 0.01 (absolute). The
+mocker's ITL percentiles come from a DDSketch (0.1 % error); servesim's are exact. Each side's
+wall time (the simulate / replay call alone) and their ratio are reported. With
+`--per-request` every servesim request (as servesim's requests.jsonl writer renders it) is
+also joined with the mocker's per-request records (`report_jsonl_path`) and the differences
+are counted (informational): arrival, first-token and terminal times, and in P/D the
+lifecycle (prefill_admit_ms, source_held_ms, destination_reserved_ms,
+destination_activated_ms, decode_admit_ms, source_released_ms) to 1e-7 ms; reused tokens and
+output lengths; prefill and decode worker ids (scheduler ids, worker x dp_size + rank); the
+terminal status (servesim `rejected` = mocker `failed` for a prompt no decode rank can hold).
 
 The mocker is imported if `dynamo._core` is importable here; otherwise it runs in its own
 interpreter (`--mocker-python`, default $SERVESIM_MOCKER_PYTHON, else
@@ -30,6 +52,10 @@ interpreter (`--mocker-python`, default $SERVESIM_MOCKER_PYTHON, else
         --workers 1,2,4 --out results.json --markdown table.md
     python experiments/compare_dynamo.py --trace T --override engine.num_gpu_blocks=4096 \\
         --override timing=fixed --override timing.prefill_ms=10
+    python experiments/compare_dynamo.py --trace T --pd 1x1,2x2 --override link.bandwidth_gbps=25 \\
+        --override topology.decode.num_gpu_blocks=4096 --per-request
+    python experiments/compare_dynamo.py --trace T --override topology=disagg \\
+        --override topology.num_prefill_workers=2 --override topology.num_decode_workers=2
 
 Exit status: 0 if every target is met, 1 if any is missed, 2 on a configuration or run error.
 """
@@ -58,14 +84,18 @@ from omegaconf.errors import OmegaConfBaseException
 
 from model import Result, RunConfig, simulate, validate_config
 from model.config import num_gpu_blocks
+from model.config.derived import kv_bytes_per_token, role_engines
 from model.config.schema import (
     ConcurrencyLoad,
+    DisaggTopology,
     FixedTiming,
     MooncakeWorkload,
     PolynomialTiming,
     RoundRobinRouter,
     TraceLoad,
+    VllmEngineConfig,
 )
+from model.sim import write_requests_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO / "conf"
@@ -95,6 +125,10 @@ METRICS: tuple[Metric, ...] = (
     Metric("prefix_cache_reused_ratio", "reuse"),
     Metric("duration_ms", "throughput"),
     Metric("completed_requests", "throughput"),
+    # pool size x duration per pool (prefill is 0 for aggregated workers) and their GPU hours
+    Metric("prefill_worker_seconds", "throughput"),
+    Metric("decode_worker_seconds", "throughput"),
+    Metric("gpu_hours", "throughput"),
 )
 
 
@@ -105,15 +139,57 @@ class UnsupportedConfig(ValueError):
 # --------------------------------------------------------------------------- servesim
 
 
-def compose_run_config(trace: Path, workers: int, overrides: Sequence[str] = ()) -> RunConfig:
-    """servesim's RunConfig for one case, composed from conf/ as the `servesim` CLI would."""
+@dataclass(frozen=True)
+class Shape:
+    """A cluster shape: `workers` aggregated workers, or `prefill` x `decode` P/D pools; all
+    None: the shape the overrides give (e.g. `--override topology=disagg ...`)."""
+
+    workers: int | None = None
+    prefill: int | None = None
+    decode: int | None = None
+
+    def overrides(self, user: Sequence[str]) -> list[str]:
+        if self.workers is not None:
+            return [f"topology.num_workers={self.workers}"]
+        if self.prefill is None:
+            return []
+        out = [] if "topology=disagg" in user else ["topology=disagg"]
+        return [
+            *out,
+            f"topology.num_prefill_workers={self.prefill}",
+            f"topology.num_decode_workers={self.decode}",
+        ]
+
+
+def parse_pd(text: str) -> Shape:
+    """`PxD` (e.g. 2x2, or 2P2D) as a P/D shape."""
+    t = text.strip().lower().replace("p", "x").replace("d", "")
+    parts = [x for x in t.split("x") if x]
+    if len(parts) != 2 or not all(x.isdigit() and int(x) > 0 for x in parts):
+        raise ValueError(f"--pd takes PxD pool sizes such as 1x1,2x2; got {text!r}")
+    return Shape(prefill=int(parts[0]), decode=int(parts[1]))
+
+
+def shape_title(cfg: RunConfig) -> str:
+    topo = cfg.topology
+    if isinstance(topo, DisaggTopology):
+        return f"{topo.num_prefill_workers}P{topo.num_decode_workers}D"
+    n = topo.num_workers
+    return f"{n} worker{'s' if n > 1 else ''}"
+
+
+def compose_run_config(trace: Path, shape: Shape | int, overrides: Sequence[str] = ()) -> RunConfig:
+    """servesim's RunConfig for one case, composed from conf/ as the `servesim` CLI would
+    (`shape` an int: that many aggregated workers)."""
+    if isinstance(shape, int):
+        shape = Shape(workers=shape)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(
             "config",
             overrides=[
                 *BASE_OVERRIDES,
                 f"workload.path={trace}",
-                f"topology.num_workers={workers}",
+                *shape.overrides(overrides),
                 *overrides,
             ],
         )
@@ -147,15 +223,13 @@ def _timing_model(cfg: RunConfig, problems: list[str]) -> dict[str, Any]:
     return {}
 
 
-def mocker_kwargs(cfg: RunConfig) -> dict[str, Any]:
-    """Keyword arguments of `run_mocker_trace_replay` equivalent to servesim's `cfg` (the
-    trace list and report path aside). Raises UnsupportedConfig naming every setting the
-    mocker cannot express."""
-    problems: list[str] = []
-    engine = cfg.engine
-    engine_args = {
+def _engine_args(
+    cfg: RunConfig, engine: VllmEngineConfig, timing_model: dict[str, Any]
+) -> dict[str, Any]:
+    """The mocker's `engine` block for one servesim engine (a role's, in P/D)."""
+    return {
         "backend": "vllm",
-        "num_gpu_blocks": num_gpu_blocks(cfg),
+        "num_gpu_blocks": num_gpu_blocks(cfg, engine),
         "block_size": engine.block_size,
         "max_num_seqs": engine.max_num_seqs,
         "max_num_batched_tokens": engine.max_num_batched_tokens,
@@ -165,12 +239,75 @@ def mocker_kwargs(cfg: RunConfig) -> dict[str, Any]:
         "speedup_ratio": engine.speedup_ratio,
         "decode_speedup_ratio": engine.decode_speedup_ratio,
         "preemption_mode": engine.preemption_mode,
-        "timing_model": _timing_model(cfg, problems),
+        "timing_model": timing_model,
     }
-    kwargs: dict[str, Any] = {
-        "num_workers": cfg.topology.num_workers,
-        "router_mode": "round_robin",
+
+
+def _disagg_args(
+    cfg: RunConfig, timing_model: dict[str, Any], problems: list[str]
+) -> dict[str, Any]:
+    """`prefill_engine_args` / `decode_engine_args` and the pool sizes of a P/D run. The
+    transfer settings (bandwidth, bytes per token, timing mode) go on the prefill args, the
+    only ones the mocker reads them from; dp_size and tensor_parallel_size are launch fields
+    at the top of each args dict."""
+    topo = cfg.topology
+    assert isinstance(topo, DisaggTopology)
+    link = cfg.link
+    if link.latency_ms > 0:
+        problems.append(
+            f"link.latency_ms={link.latency_ms}: the mocker's transfer is bytes / bandwidth, "
+            "with no latency (use link.latency_ms=0)"
+        )
+    if link.contention != "per_request":
+        problems.append(
+            f"link.contention={link.contention}: the mocker runs every transfer at the full "
+            "line rate (per_request)"
+        )
+    if link.state_bytes > 0:
+        problems.append(
+            f"link.state_bytes={link.state_bytes}: the mocker moves KV bytes per token only"
+        )
+    if link.pairs:
+        problems.append("link.pairs: the mocker has one bandwidth for every prefill/decode pair")
+    engines = role_engines(cfg)
+    bytes_per_token = link.kv_bytes_per_token or kv_bytes_per_token(cfg.llm)
+    out: dict[str, Any] = {
+        "num_prefill_workers": topo.num_prefill_workers,
+        "num_decode_workers": topo.num_decode_workers,
     }
+    for role in ("prefill", "decode"):
+        engine = engines[role]
+        block = {**_engine_args(cfg, engine, timing_model), "worker_type": role}
+        if role == "prefill":
+            block |= {
+                "kv_transfer_bandwidth": link.bandwidth_gbps,
+                "kv_bytes_per_token": bytes_per_token,
+                "kv_transfer_timing_mode": link.timing_mode,
+            }
+        out[f"{role}_engine_args"] = {
+            "engine": block,
+            "dp_size": engine.dp_size,
+            "tensor_parallel_size": engine.tp_size,
+        }
+    return out
+
+
+def mocker_kwargs(cfg: RunConfig) -> dict[str, Any]:
+    """Keyword arguments of `run_mocker_trace_replay` equivalent to servesim's `cfg` (the
+    trace list and report path aside). Raises UnsupportedConfig naming every setting the
+    mocker cannot express.
+
+    Aggregated: `num_workers` and `extra_engine_args`. P/D (`topology=disagg`):
+    `num_prefill_workers`, `num_decode_workers`, `prefill_engine_args` and
+    `decode_engine_args` from servesim's per-role engines (no `extra_engine_args`)."""
+    problems: list[str] = []
+    timing_model = _timing_model(cfg, problems)
+    kwargs: dict[str, Any] = {}
+    if isinstance(cfg.topology, DisaggTopology):
+        kwargs |= _disagg_args(cfg, timing_model, problems)
+    else:
+        kwargs["num_workers"] = cfg.topology.num_workers
+    kwargs["router_mode"] = "round_robin"
     if not isinstance(cfg.router, RoundRobinRouter):
         problems.append(f"router={cfg.router.kind}: the mocker replays with round_robin only")
     workload = cfg.workload
@@ -189,7 +326,15 @@ def mocker_kwargs(cfg: RunConfig) -> dict[str, Any]:
         problems.append(f"load={load.kind}: the mocker's trace replay has no rate load")
     if cfg.stop.max_virtual_time_ms is not None:
         kwargs["max_sim_time_ms"] = cfg.stop.max_virtual_time_ms
-    kwargs["extra_engine_args"] = {"engine": engine_args, "tensor_parallel_size": engine.tp_size}
+    if not isinstance(cfg.topology, DisaggTopology):
+        engine = cfg.engine
+        extra: dict[str, Any] = {
+            "engine": _engine_args(cfg, engine, timing_model),
+            "tensor_parallel_size": engine.tp_size,
+        }
+        if engine.dp_size != 1:
+            extra["dp_size"] = engine.dp_size
+        kwargs["extra_engine_args"] = extra
     if problems:
         raise UnsupportedConfig("cannot run on the mocker:\n  " + "\n  ".join(problems))
     return kwargs
@@ -309,6 +454,24 @@ def compare(servesim: dict[str, Any], mocker: dict[str, Any]) -> list[Row]:
 TIME_ABS_MS = 1e-7  # a tenth of a nanosecond: the mocker keeps pass durations in whole ns
 TIME_REL = 0.0  # float noise stays below 1e-9 ms even at 4.6e6 ms
 
+TIME_FIELDS = ("arrival_time_ms", "first_token_ms", "terminal_time_ms")
+# the P/D lifecycle (null on both sides for aggregated workers)
+PD_TIME_FIELDS = (
+    "prefill_admit_ms",
+    "source_held_ms",
+    "destination_reserved_ms",
+    "destination_activated_ms",
+    "decode_admit_ms",
+    "source_released_ms",
+)
+COUNT_FIELDS = ("reused_input_tokens", "output_length")
+# scheduler ids (worker x dp_size + rank), as the mocker writes them
+ID_FIELDS = ("prefill_worker_idx", "decode_worker_idx")
+# A prompt that fits the prefill pool but can never fit a decode rank's pool (or reaches the
+# decode side's max_model_len): the mocker ends it `failed` at source_held (output 0, source
+# cancelled); servesim ends it `rejected` then, with a reason. Same request, same times.
+STATUS_ALIASES = {("rejected", "failed")}
+
 
 @dataclass
 class PerRequest:
@@ -316,34 +479,60 @@ class PerRequest:
 
     joined: int
     unmatched: int  # records of (input, output) groups whose sizes differ between the sides
-    off_tolerance: int  # arrival, first token or terminal off by > TIME_ABS_MS
+    off_tolerance: int  # some time (arrival, first token, terminal, P/D lifecycle) > TIME_ABS_MS
     count_mismatches: int  # reused_input_tokens or output_length differ
     worst_abs_ms: float
+    id_mismatches: int = 0  # prefill / decode scheduler id differ
+    status_mismatches: int = 0  # terminal_status differs (other than STATUS_ALIASES)
+    status_aliased: int = 0  # servesim `rejected` where the mocker says `failed`
+    pd_fields: bool = False  # the P/D lifecycle fields were compared (non-null somewhere)
+    off_by_field: dict[str, int] = field(default_factory=dict)
 
-    def line(self) -> str:
-        return (
-            f"per request: {self.joined:,} joined, {self.unmatched} unmatched; "
-            f"{self.off_tolerance} with a time off by > {TIME_ABS_MS:g} ms "
-            f"(worst {self.worst_abs_ms:.2e} ms); {self.count_mismatches} with "
-            "different reused tokens or output length"
+    @property
+    def ok(self) -> bool:
+        return not (
+            self.unmatched
+            or self.off_tolerance
+            or self.count_mismatches
+            or self.id_mismatches
+            or self.status_mismatches
         )
 
+    def line(self) -> str:
+        times = "time (arrival, first token, terminal" + (
+            ", P/D lifecycle)" if self.pd_fields else ")"
+        )
+        out = (
+            f"per request: {self.joined:,} joined, {self.unmatched} unmatched; "
+            f"{self.off_tolerance} with a {times} off by > {TIME_ABS_MS:g} ms "
+            f"(worst {self.worst_abs_ms:.2e} ms); {self.count_mismatches} with "
+            f"different reused tokens or output length; {self.id_mismatches} with different "
+            f"worker ids; {self.status_mismatches} with a different terminal status"
+        )
+        if self.status_aliased:
+            out += f" ({self.status_aliased} servesim `rejected` = mocker `failed`)"
+        bad = {k: v for k, v in self.off_by_field.items() if v}
+        if bad:
+            out += " [off: " + ", ".join(f"{k} {v}" for k, v in bad.items()) + "]"
+        return out
 
-def _servesim_records(result: Result) -> list[dict[str, Any]]:
-    df = result.requests
-    df = df[df["terminal_status"] != "incomplete"]
-    return [
-        {
-            "arrival_time_ms": float(r.arrival_ms),
-            "input_length": int(r.input_length),
-            "requested_output_length": int(r.requested_output_length),
-            "output_length": int(r.output_length),
-            "first_token_ms": None if math.isnan(r.first_token_ms) else float(r.first_token_ms),
-            "terminal_time_ms": float(r.terminal_ms),
-            "reused_input_tokens": int(r.reused_input_tokens),
-        }
-        for r in df.itertuples(index=False)
-    ]
+
+def servesim_records(result: Result) -> list[dict[str, Any]]:
+    """servesim's ended requests as its requests.jsonl writer renders them (the mocker's field
+    names; worker ids are scheduler ids, worker x dp_size + rank)."""
+    engines = role_engines(result.config)
+    decode = engines.get("decode", engines.get("aggregated"))
+    assert decode is not None
+    with tempfile.TemporaryDirectory(prefix="compare_dynamo_") as tmp:
+        path = Path(tmp) / "requests.jsonl"
+        write_requests_jsonl(
+            result.requests,
+            path,
+            prefill_dp=engines["prefill"].dp_size if "prefill" in engines else 1,
+            decode_dp=decode.dp_size,
+        )
+        with path.open() as fh:
+            return [json.loads(line) for line in fh if line.strip()]
 
 
 def _join_order(rec: dict[str, Any]) -> tuple[float, float, float]:
@@ -355,37 +544,65 @@ def _join_order(rec: dict[str, Any]) -> tuple[float, float, float]:
     )
 
 
-def per_request(result: Result, mocker_jsonl: Path) -> PerRequest:
-    """Join on (arrival, input length, requested output) -- the mocker writes no request id:
-    records are grouped on the two lengths and paired in (arrival, first token, terminal)
-    order, so equal keys pair in sorted order and computed arrivals may differ by float
-    rounding -- then compare times, reused tokens and output lengths."""
+def join_records(
+    ours: list[dict[str, Any]], ref: list[dict[str, Any]]
+) -> tuple[list[tuple[dict[str, Any], dict[str, Any]]], int]:
+    """Pairs of (servesim, mocker) records and the number of records left unpaired. The
+    mocker writes no request id: records are grouped on (input length, requested output) and
+    paired in (arrival, first token, terminal) order, so equal keys pair in sorted order and
+    computed arrivals (session turns) may differ by float rounding."""
     groups: dict[tuple[int, int], tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
-    with mocker_jsonl.open() as fh:
-        mocker = [json.loads(line) for line in fh if line.strip()]
-    for side, records in enumerate((_servesim_records(result), mocker)):
+    for side, records in enumerate((ours, ref)):
         for rec in records:
             key = (rec["input_length"], rec["requested_output_length"])
             groups.setdefault(key, ([], []))[side].append(rec)
-    joined = unmatched = off = counts = 0
-    worst = 0.0
-    for ours, ref in groups.values():
-        if len(ours) != len(ref):
-            unmatched += len(ours) + len(ref)
+    pairs: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    unmatched = 0
+    for a, b in groups.values():
+        if len(a) != len(b):
+            unmatched += len(a) + len(b)
             continue
-        for a, b in zip(sorted(ours, key=_join_order), sorted(ref, key=_join_order), strict=True):
-            joined += 1
-            bad = False
-            for f in ("arrival_time_ms", "first_token_ms", "terminal_time_ms"):
-                x, y = a[f], b[f]
-                if x is None or y is None:
-                    bad |= (x is None) != (y is None)
-                    continue
-                worst = max(worst, abs(x - y))
-                bad |= not math.isclose(x, y, rel_tol=TIME_REL, abs_tol=TIME_ABS_MS)
-            off += bad
-            counts += any(a[f] != b[f] for f in ("reused_input_tokens", "output_length"))
-    return PerRequest(joined, unmatched, off, counts, worst)
+        pairs.extend(zip(sorted(a, key=_join_order), sorted(b, key=_join_order), strict=True))
+    return pairs, unmatched
+
+
+def same_status(ours: str, ref: str) -> bool:
+    return ours == ref or (ours, ref) in STATUS_ALIASES
+
+
+def per_request(result: Result, mocker_jsonl: Path) -> PerRequest:
+    """Join servesim's requests with the mocker's records (`join_records`), then compare the
+    times (arrival, first token, terminal and the P/D lifecycle) to TIME_ABS_MS, reused
+    tokens, output lengths, worker (scheduler) ids and terminal status."""
+    with mocker_jsonl.open() as fh:
+        mocker = [json.loads(line) for line in fh if line.strip()]
+    pairs, unmatched = join_records(servesim_records(result), mocker)
+    out = PerRequest(0, unmatched, 0, 0, 0.0)
+    out.off_by_field = dict.fromkeys((*TIME_FIELDS, *PD_TIME_FIELDS), 0)
+    for a, b in pairs:
+        out.joined += 1
+        bad = False
+        for f in (*TIME_FIELDS, *PD_TIME_FIELDS):
+            x, y = a.get(f), b.get(f)
+            if x is None or y is None:
+                if (x is None) != (y is None):
+                    bad = True
+                    out.off_by_field[f] += 1
+                continue
+            out.pd_fields |= f in PD_TIME_FIELDS
+            out.worst_abs_ms = max(out.worst_abs_ms, abs(x - y))
+            if not math.isclose(x, y, rel_tol=TIME_REL, abs_tol=TIME_ABS_MS):
+                bad = True
+                out.off_by_field[f] += 1
+        out.off_tolerance += bad
+        out.count_mismatches += any(a[f] != b[f] for f in COUNT_FIELDS)
+        out.id_mismatches += any(a.get(f) != b.get(f) for f in ID_FIELDS)
+        if a["terminal_status"] != b["terminal_status"]:
+            if same_status(a["terminal_status"], b["terminal_status"]):
+                out.status_aliased += 1
+            else:
+                out.status_mismatches += 1
+    return out
 
 
 # --------------------------------------------------------------------------- cases
@@ -394,7 +611,7 @@ def per_request(result: Result, mocker_jsonl: Path) -> PerRequest:
 @dataclass
 class Case:
     trace: str
-    workers: int
+    shape: str  # "N worker(s)" (aggregated) or "PxD" pools ("1P1D", "2P2D")
     overrides: list[str]
     mocker_kwargs: dict[str, Any]
     servesim_wall_s: float
@@ -416,7 +633,7 @@ class Case:
 
     @property
     def title(self) -> str:
-        return f"{self.label or self.trace}, {self.workers} worker{'s' if self.workers > 1 else ''}"
+        return f"{self.label or self.trace}, {self.shape}"
 
     def worst(self, kind: Kind) -> float:
         diffs = [abs(r.diff) for r in self.rows if r.kind == kind and r.diff is not None]
@@ -430,13 +647,13 @@ class Case:
 
 def run_case(
     trace: Path,
-    workers: int,
+    shape: Shape | int,
     overrides: Sequence[str],
     runner: MockerRunner,
     label: str = "",
     check_requests: bool = False,
 ) -> Case:
-    cfg = compose_run_config(trace, workers, overrides)
+    cfg = compose_run_config(trace, shape, overrides)
     kwargs = mocker_kwargs(cfg)
     result, servesim_wall = run_servesim(cfg)
     servesim = result.summary
@@ -452,7 +669,7 @@ def run_case(
         mocker, mocker_wall, mocker_process_wall = runner.run(trace, kwargs)
     return Case(
         trace=str(trace),
-        workers=workers,
+        shape=shape_title(cfg),
         overrides=list(overrides),
         mocker_kwargs=kwargs,
         servesim_wall_s=servesim_wall,
@@ -579,7 +796,7 @@ def markdown(cases: Sequence[Case], overrides: Sequence[str]) -> str:
         _md_row(
             [
                 "trace",
-                "workers",
+                "cluster",
                 "worst latency diff",
                 "worst throughput diff",
                 "prefix reuse diff",
@@ -589,7 +806,7 @@ def markdown(cases: Sequence[Case], overrides: Sequence[str]) -> str:
                 "targets",
             ]
         ),
-        _md_row(["---", "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---"]),
+        _md_row(["---", "---", "---:", "---:", "---:", "---:", "---:", "---:", "---"]),
     ]
     for c in cases:
         reuse = next(r for r in c.rows if r.kind == "reuse")
@@ -597,7 +814,7 @@ def markdown(cases: Sequence[Case], overrides: Sequence[str]) -> str:
             _md_row(
                 [
                     c.label,
-                    str(c.workers),
+                    c.shape,
                     _signed(c.worst("latency") * 100, 4).lstrip("+") + " %",
                     _signed(c.worst("throughput") * 100, 4).lstrip("+") + " %",
                     fmt_diff("reuse", reuse.diff),
@@ -641,7 +858,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--trace", action="append", required=True, help="Mooncake JSONL (repeatable, or a,b,c)"
     )
-    ap.add_argument("--workers", default="1", help="worker counts, e.g. 1,2,4 (default 1)")
+    ap.add_argument(
+        "--workers",
+        help="aggregated worker counts, e.g. 1,2,4 (default 1 unless --pd or "
+        "--override topology=disagg is given)",
+    )
+    ap.add_argument(
+        "--pd",
+        help="prefill/decode disaggregation cases as PxD pool sizes, e.g. 1x1,2x2 (adds "
+        "topology=disagg; the link and per-role engines come from the overrides, e.g. "
+        "--override link.bandwidth_gbps=25 --override topology.decode.num_gpu_blocks=4096)",
+    )
     ap.add_argument(
         "--override",
         action="append",
@@ -665,6 +892,28 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+def case_shapes(workers: str | None, pd: str | None, overrides: Sequence[str]) -> list[Shape]:
+    """The cluster shapes to run: `--workers` aggregated counts, then `--pd` P/D pools; with
+    neither, 1 worker, or the P/D pools of `--override topology=disagg ...`."""
+    disagg = "topology=disagg" in overrides
+    shapes: list[Shape] = []
+    if workers is not None:
+        if disagg:
+            raise ValueError(
+                "--workers runs aggregated workers; with --override topology=disagg give the "
+                "pools as --pd PxD (or topology.num_prefill_workers / num_decode_workers)"
+            )
+        try:
+            shapes += [Shape(workers=int(w)) for w in _split([workers])]
+        except ValueError:
+            raise ValueError(f"--workers must be integers, got {workers!r}") from None
+    if pd is not None:
+        shapes += [parse_pd(x) for x in _split([pd])]
+    if not shapes:
+        shapes = [Shape()] if disagg else [Shape(workers=1)]
+    return shapes
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     given = _split(args.trace)
@@ -672,9 +921,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     names = [t.name for t in traces]
     labels = [n if names.count(n) == 1 else g for n, g in zip(names, given, strict=True)]
     try:
-        workers = [int(w) for w in _split([args.workers])]
-    except ValueError:
-        print(f"compare_dynamo: --workers must be integers, got {args.workers!r}", file=sys.stderr)
+        shapes = case_shapes(args.workers, args.pd, args.override)
+    except ValueError as e:
+        print(f"compare_dynamo: {e}", file=sys.stderr)
         return 2
     try:
         runner = choose_runner(args.mocker_python)
@@ -682,8 +931,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for trace, label in zip(traces, labels, strict=True):
             if not trace.is_file():
                 raise FileNotFoundError(f"trace {trace} does not exist")
-            for n in workers:
-                case = run_case(trace, n, args.override, runner, label, args.per_request)
+            for shape in shapes:
+                case = run_case(trace, shape, args.override, runner, label, args.per_request)
                 print(text_table(case) + "\n", flush=True)
                 cases.append(case)
     except (RuntimeError, OSError, ValueError, HydraException, OmegaConfBaseException) as e:

@@ -14,10 +14,11 @@ Only the standard library is used, so the first form runs in the mocker's own en
 Normalisation of the mocker outputs, so that a regeneration gives a clean diff:
 * `summary.json`: the host-speed keys (`wall_time_ms`, `processed_tokens_per_s`,
   `processed_output_tokens_per_s`) are dropped;
-* `requests.jsonl`: only the fields in `REQUEST_FIELDS` are kept (those the golden test reads
-  plus a few times and counts useful when a case fails), in that order, with the values the
-  mocker wrote; the rest (the random `uuid`, routing and admission histories, disaggregation
-  fields that are null here, ...) is dropped. The rows are sorted by (arrival_time_ms,
+* `requests.jsonl`: only the fields in `REQUEST_FIELDS` (P/D cases: `PD_REQUEST_FIELDS`, which
+  adds the disaggregation lifecycle) are kept (those the golden test reads plus a few times and
+  counts useful when a case fails), in that order, with the values the mocker wrote; the rest
+  (the random `uuid`, routing and admission histories, disaggregation fields of aggregated
+  cases, which are null, ...) is dropped. The rows are sorted by (arrival_time_ms,
   input_length, requested_output_length, first_token_ms, terminal_time_ms), because the
   mocker writes rows with equal arrival times in a random order.
 """
@@ -59,6 +60,18 @@ REQUEST_FIELDS = (
     "admission_count",
     "terminal_status",
 )
+# P/D cases keep the disaggregation lifecycle too (all null for aggregated workers).
+PD_REQUEST_FIELDS = (
+    *REQUEST_FIELDS,
+    "prefill_worker_idx",
+    "prefill_admit_ms",
+    "source_held_ms",
+    "destination_reserved_ms",
+    "destination_activated_ms",
+    "decode_admit_ms",
+    "source_released_ms",
+    "decode_reused_input_tokens",
+)
 
 Row = dict[str, Any]
 
@@ -79,6 +92,9 @@ DEFAULT_ENGINE: dict[str, Any] = {
     "timing_model": {"type": "polynomial"},
 }
 BASE_OVERRIDES = ["experiment=dynamo_compat", "workload=mooncake", "output.progress=off"]
+# Llama-3.1-8B: 32 layers x 2 (K, V) x 8 KV heads x 128 dims x 2 bytes, servesim's default
+# (`link.kv_bytes_per_token: null` derives it from the llm geometry).
+KV_BYTES_PER_TOKEN = 131072
 
 
 # --------------------------------------------------------------------------- traces
@@ -287,6 +303,110 @@ def decode_tie_trace() -> list[Row]:
     return [{"timestamp": 0, "input_length": 57, "output_length": 2, "hash_ids": [0]}]
 
 
+def decode_overflow_trace(seed: int = 5, n: int = 60) -> list[Row]:
+    """For a decode pool of 100 x 64 tokens (6400): 54 requests whose prompt and output fit it
+    (prompt + output <= 3100 tokens; ~400 ms apart with short outputs, so the decode rank is
+    never short of blocks) and 6 prompts of 6500 to 12000 tokens, which fit the prefill pool
+    (16384 blocks) but never a decode rank. Some ties; trace block size 512."""
+    rng = random.Random(seed)
+    tbs = 512
+    next_id = [0]
+    system = _hash_ids(next_id, 2)
+    big = set(rng.sample(range(5, n), 6))
+    rows: list[Row] = []
+    t = 0
+    for i in range(n):
+        if rng.random() < 0.85:
+            t += int(rng.expovariate(1 / 400.0))
+        if i in big:
+            hashes = _hash_ids(next_id, rng.randint(13, 23))
+            cap = len(hashes) * tbs
+            input_length = rng.randint(max(6500, cap - tbs + 1), cap)
+            out = rng.randint(1, 50)
+        else:
+            if rng.random() < 0.5:
+                hashes = system + _hash_ids(next_id, rng.randint(0, 4))
+            else:
+                hashes = _hash_ids(next_id, rng.randint(1, 6))
+            cap = len(hashes) * tbs
+            input_length = rng.randint(max(1, cap - tbs + 1), cap)
+            out = rng.randint(1, 60)
+        rows.append(
+            {"timestamp": t, "input_length": input_length, "output_length": out, "hash_ids": hashes}
+        )
+    return rows
+
+
+def retry_before_activation_trace() -> list[Row]:
+    """P/D, fixed timing (prefill 5, decode 1 ms), 1 GB/s, destination_missing, a decode pool
+    of 10 x 16-token blocks (trace block size 16). R (16 tokens, 12 out) decodes from 7.097 to
+    19.097; A (64 tokens) is reserved at 10.097 and its transfer lands mid-pass, so its
+    activation waits for the pass end at 19.097; B (80 tokens, A's 4 blocks plus one) is held
+    at 16, fails to reserve (4 free blocks, needs 5) and is retried when R ends at 19.097. At
+    that pass end the mocker retries B's reservation before it applies A's activation, so A's
+    blocks are not resident yet: B pins nothing and moves all 80 tokens (activated 29.583).
+    Activation first would let B pin A's 4 blocks and move 16 tokens."""
+    return [
+        {"timestamp": 0, "input_length": 16, "output_length": 12, "hash_ids": [100]},
+        {"timestamp": 1, "input_length": 64, "output_length": 5, "hash_ids": [1, 2, 3, 4]},
+        {"timestamp": 11, "input_length": 80, "output_length": 5, "hash_ids": [1, 2, 3, 4, 5]},
+    ]
+
+
+def retry_after_preemption_trace() -> list[Row]:
+    """P/D, fixed timing (prefill 5, decode 1 ms), a decode pool of 8 x 16-token blocks (trace
+    block size 16). A and B (32 tokens, 40 out) decode together until the pool is full; the
+    pass starting at 38 preempts B. D (16 tokens) has waited for a reservation since 35; B's
+    blocks came back in that pass, so the attempt at its end (39) reserves D."""
+    return [
+        {"timestamp": 0, "input_length": 32, "output_length": 40, "hash_ids": [1, 2]},
+        {"timestamp": 1, "input_length": 32, "output_length": 40, "hash_ids": [3, 4]},
+        {"timestamp": 30, "input_length": 16, "output_length": 5, "hash_ids": [5]},
+    ]
+
+
+def admit_past_preempted_trace() -> list[Row]:
+    """The trace of `retry_after_preemption_trace` plus E (48 tokens), held at 35 with D and
+    queued for a reservation behind it. When D is activated at 39 the decode rank's waiting
+    queue holds B (preempted at 38: it needs fresh KV, 4 blocks, 2 free) and then D. While
+    the rank has a request waiting for a reservation (E), the mocker does not admit a
+    request that needs fresh KV, and admits the activated D behind it at once (first token
+    40); head-of-line order would keep D waiting until A ends at 45."""
+    return [
+        *retry_after_preemption_trace(),
+        {"timestamp": 30, "input_length": 48, "output_length": 5, "hash_ids": [6, 7, 8]},
+    ]
+
+
+def zero_output_busy_decode_trace() -> list[Row]:
+    """P/D with default engines, no bandwidth: A (1000 tokens, 50 out) decodes while B (8000
+    tokens, output 0) is activated at a decode pass end (269.598923). The mocker admits B
+    into the pass that starts then (decode_admit_ms 269.598923) and ends it at that pass's end
+    (275.392517); B adds nothing to the pass (A's times are those of A alone). On an idle
+    decode worker an output-0 request ends at its activation."""
+    return [
+        {"timestamp": 0, "input_length": 1000, "output_length": 50, "hash_ids": [1, 2]},
+        {
+            "timestamp": 100,
+            "input_length": 8000,
+            "output_length": 0,
+            "hash_ids": list(range(10, 26)),
+        },
+    ]
+
+
+def arrival_at_prefill_pass_end_trace() -> list[Row]:
+    """P/D, fixed timing (prefill 10, decode 2 ms): A's prefill pass runs 0 -> 10; B arrives
+    at 5 and waits; C arrives at 10, exactly when that pass ends. The mocker starts the prefill
+    worker's next pass (B alone) before it releases the arrival at 10, so C is admitted at 20;
+    without B waiting (worker idle at 10), C would be admitted at 10. Trace block size 512."""
+    return [
+        {"timestamp": 0, "input_length": 1386, "output_length": 22, "hash_ids": [0, 1, 2]},
+        {"timestamp": 5, "input_length": 63, "output_length": 1, "hash_ids": [3]},
+        {"timestamp": 10, "input_length": 100, "output_length": 1, "hash_ids": [4]},
+    ]
+
+
 # --------------------------------------------------------------------------- cases
 
 
@@ -295,35 +415,102 @@ class Case:
     name: str
     description: str
     trace: Callable[[], list[Row]]
-    num_workers: int
+    num_workers: int = 1  # aggregated workers (ignored with `pd`)
     trace_block_size: int = 512
     engine: dict[str, Any] = field(default_factory=dict)  # changes to DEFAULT_ENGINE
     servesim_overrides: tuple[str, ...] = ()
+    # P/D: (prefill workers, decode workers); None: aggregated
+    pd: tuple[int, int] | None = None
+    prefill: dict[str, Any] = field(default_factory=dict)  # engine changes on one role
+    decode: dict[str, Any] = field(default_factory=dict)
+    prefill_dp: int = 1
+    decode_dp: int = 1
+    bandwidth_gbps: float | None = None  # link.bandwidth_gbps (None: instant)
+    timing_mode: str = "full_prompt"  # link.timing_mode
 
     def mocker_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of `run_mocker_trace_replay` (without the trace list and
-        report path)."""
+        report path). P/D: both args dicts with worker_type, the transfer settings on the
+        prefill args only (the mocker reads them there), dp_size at the top of each."""
+        if self.pd is None:
+            return {
+                "num_workers": self.num_workers,
+                "router_mode": "round_robin",
+                "trace_block_size": self.trace_block_size,
+                "arrival_speedup_ratio": 1.0,
+                "extra_engine_args": {
+                    "engine": {**DEFAULT_ENGINE, **self.engine},
+                    "tensor_parallel_size": 1,
+                },
+            }
+        prefill = {
+            **DEFAULT_ENGINE,
+            **self.engine,
+            **self.prefill,
+            "worker_type": "prefill",
+            "kv_transfer_bandwidth": self.bandwidth_gbps,
+            "kv_bytes_per_token": KV_BYTES_PER_TOKEN,
+            "kv_transfer_timing_mode": self.timing_mode,
+        }
+        decode = {**DEFAULT_ENGINE, **self.engine, **self.decode, "worker_type": "decode"}
         return {
-            "num_workers": self.num_workers,
+            "num_prefill_workers": self.pd[0],
+            "num_decode_workers": self.pd[1],
+            "prefill_engine_args": {
+                "engine": prefill,
+                "dp_size": self.prefill_dp,
+                "tensor_parallel_size": 1,
+            },
+            "decode_engine_args": {
+                "engine": decode,
+                "dp_size": self.decode_dp,
+                "tensor_parallel_size": 1,
+            },
             "router_mode": "round_robin",
             "trace_block_size": self.trace_block_size,
             "arrival_speedup_ratio": 1.0,
-            "extra_engine_args": {
-                "engine": {**DEFAULT_ENGINE, **self.engine},
-                "tensor_parallel_size": 1,
-            },
         }
 
     def overrides(self) -> list[str]:
         """servesim Hydra overrides (add `workload.path=<case dir>/trace.jsonl`)."""
-        return [
+        if self.pd is None:
+            return [
+                *BASE_OVERRIDES,
+                f"topology.num_workers={self.num_workers}",
+                f"workload.trace_block_size={self.trace_block_size}",
+                *self.servesim_overrides,
+            ]
+        out = [
             *BASE_OVERRIDES,
-            f"topology.num_workers={self.num_workers}",
+            "topology=disagg",
+            f"topology.num_prefill_workers={self.pd[0]}",
+            f"topology.num_decode_workers={self.pd[1]}",
             f"workload.trace_block_size={self.trace_block_size}",
-            *self.servesim_overrides,
         ]
+        if self.bandwidth_gbps is not None:
+            out.append(f"link.bandwidth_gbps={self.bandwidth_gbps}")
+        if self.timing_mode != "full_prompt":
+            out.append(f"link.timing_mode={self.timing_mode}")
+        for role, changes, dp in (
+            ("prefill", self.prefill, self.prefill_dp),
+            ("decode", self.decode, self.decode_dp),
+        ):
+            out += [f"topology.{role}.{k}={v}" for k, v in changes.items()]
+            if dp != 1:
+                out.append(f"topology.{role}.dp_size={dp}")
+        return [*out, *self.servesim_overrides]
+
+    @property
+    def request_fields(self) -> tuple[str, ...]:
+        return REQUEST_FIELDS if self.pd is None else PD_REQUEST_FIELDS
 
 
+FIXED_5_1 = (
+    "engine.block_size=16",
+    "timing=fixed",
+    "timing.prefill_ms=5.0",
+    "timing.decode_ms=1.0",
+)
 TIGHT_ENGINE = {
     "num_gpu_blocks": 200,
     "block_size": 16,
@@ -418,6 +605,130 @@ CASES = [
         engine={"num_gpu_blocks": 13, "block_size": 16},
         servesim_overrides=("engine.num_gpu_blocks=13", "engine.block_size=16"),
     ),
+    Case(
+        "k_pd_1p1d_instant",
+        "P/D 1P1D, no bandwidth (instant KV transfer), the trace of case a, default engines",
+        shared_prefix_trace,
+        pd=(1, 1),
+    ),
+    Case(
+        "l_pd_1p1d_1gbps",
+        "P/D 1P1D at 1 GB/s (131072 B/token: 0.13 ms per token), the trace of case a",
+        shared_prefix_trace,
+        pd=(1, 1),
+        bandwidth_gbps=1.0,
+    ),
+    Case(
+        "m_pd_2p2d_25gbps",
+        "P/D 2P2D at 25 GB/s, the trace of case a (shared prefixes)",
+        shared_prefix_trace,
+        pd=(2, 2),
+        bandwidth_gbps=25.0,
+    ),
+    Case(
+        "n_pd_tight_decode",
+        "P/D 1P1D at 25 GB/s, decode pool 200 x 16 tokens: reservations queue, decode preemptions",
+        tight_kv_trace,
+        trace_block_size=32,
+        engine={"block_size": 16},
+        servesim_overrides=("engine.block_size=16",),
+        pd=(1, 1),
+        decode={"num_gpu_blocks": 200},
+        bandwidth_gbps=25.0,
+    ),
+    Case(
+        "o_pd_destination_missing",
+        "case l with link.timing_mode=destination_missing: only blocks the decode rank lacks move",
+        shared_prefix_trace,
+        pd=(1, 1),
+        bandwidth_gbps=1.0,
+        timing_mode="destination_missing",
+    ),
+    Case(
+        "p_pd_dp2_sessions",
+        "P/D 1P2D with dp_size 2 on both roles at 25 GB/s, the multi-turn sessions of case f",
+        session_trace,
+        pd=(1, 2),
+        prefill_dp=2,
+        decode_dp=2,
+        bandwidth_gbps=25.0,
+    ),
+    Case(
+        "q_pd_decode_pool_too_small",
+        "P/D 1P1D at 25 GB/s, decode pool 100 x 64 tokens: 6 prompts fit prefill, never decode",
+        decode_overflow_trace,
+        pd=(1, 1),
+        decode={"num_gpu_blocks": 100},
+        bandwidth_gbps=25.0,
+    ),
+    Case(
+        "r_pd_fixed_timing",
+        "P/D 1P1D at 1 GB/s under fixed timing (10 / 2 ms), the trace of case e (outputs 0 and 1)",
+        fixed_timing_trace,
+        engine={"timing_model": {"type": "fixed", "prefill_ms": 10.0, "decode_ms": 2.0}},
+        servesim_overrides=("timing=fixed", "timing.prefill_ms=10.0", "timing.decode_ms=2.0"),
+        pd=(1, 1),
+        bandwidth_gbps=1.0,
+    ),
+    Case(
+        "s_pd_retry_before_activation",
+        "3 requests, P/D: a reservation retried at a decode pass end before the activation "
+        "deferred to it (destination_missing shows what was resident)",
+        retry_before_activation_trace,
+        trace_block_size=16,
+        engine={
+            "block_size": 16,
+            "timing_model": {"type": "fixed", "prefill_ms": 5.0, "decode_ms": 1.0},
+        },
+        servesim_overrides=FIXED_5_1,
+        pd=(1, 1),
+        decode={"num_gpu_blocks": 10},
+        bandwidth_gbps=1.0,
+        timing_mode="destination_missing",
+    ),
+    Case(
+        "t_pd_retry_after_preemption",
+        "3 requests, P/D: a decode-side preemption frees blocks and the reservation waiting "
+        "for them is made at the end of that pass",
+        retry_after_preemption_trace,
+        trace_block_size=16,
+        engine={
+            "block_size": 16,
+            "timing_model": {"type": "fixed", "prefill_ms": 5.0, "decode_ms": 1.0},
+        },
+        servesim_overrides=FIXED_5_1,
+        pd=(1, 1),
+        decode={"num_gpu_blocks": 8},
+    ),
+    Case(
+        "u_pd_admit_past_preempted",
+        "4 requests, P/D: with a reservation pending, an activated request is admitted past a "
+        "preempted one that needs fresh KV (servesim without fast-forward)",
+        admit_past_preempted_trace,
+        trace_block_size=16,
+        engine={
+            "block_size": 16,
+            "timing_model": {"type": "fixed", "prefill_ms": 5.0, "decode_ms": 1.0},
+        },
+        servesim_overrides=(*FIXED_5_1, "engine.fast_forward=false"),
+        pd=(1, 1),
+        decode={"num_gpu_blocks": 8},
+    ),
+    Case(
+        "v_pd_zero_output_busy_decode",
+        "2 requests, P/D: an output-0 request activated while the decode worker is busy",
+        zero_output_busy_decode_trace,
+        pd=(1, 1),
+    ),
+    Case(
+        "w_pd_arrival_at_prefill_pass_end",
+        "3 requests, P/D, fixed timing: an arrival at the end of a prefill pass while another "
+        "request waits on that prefill worker",
+        arrival_at_prefill_pass_end_trace,
+        engine={"timing_model": {"type": "fixed", "prefill_ms": 10.0, "decode_ms": 2.0}},
+        servesim_overrides=("timing=fixed", "timing.prefill_ms=10.0", "timing.decode_ms=2.0"),
+        pd=(1, 1),
+    ),
 ]
 
 
@@ -457,18 +768,24 @@ def run_mocker(case: Case, case_dir: Path) -> None:
     (case_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     raw_records = [json.loads(line) for line in raw.read_text().splitlines() if line.strip()]
     raw.unlink()
-    missing = sorted({f for rec in raw_records for f in REQUEST_FIELDS if f not in rec})
+    fields = case.request_fields
+    missing = sorted({f for rec in raw_records for f in fields if f not in rec})
     if missing:
         raise SystemExit(f"{case.name}: the mocker's records lack {missing}")
-    records = [{f: rec[f] for f in REQUEST_FIELDS} for rec in raw_records]
+    records = [{f: rec[f] for f in fields} for rec in raw_records]
     records.sort(key=_sort_key)
     (case_dir / "requests.jsonl").write_text(
         "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records)
     )
-    readmitted = sum(1 for r in records if r["admission_count"] > 1)
+    # a P/D request is admitted twice (prefill, then decode) without any preemption
+    first = 1 if case.pd is None else 2
+    readmitted = sum(1 for r in records if r["admission_count"] > first)
+    statuses: dict[str, int] = {}
+    for r in records:
+        statuses[r["terminal_status"]] = statuses.get(r["terminal_status"], 0) + 1
     print(
-        f"{case.name}: {len(records)} records, {summary['completed_requests']} completed, "
-        f"{readmitted} readmitted, mocker {wall:.3f} s"
+        f"{case.name}: {len(records)} records {statuses}, {readmitted} readmitted, "
+        f"mocker {wall:.3f} s"
     )
 
 
