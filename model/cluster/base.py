@@ -93,7 +93,8 @@ class ClusterBase:
     def horizon(self) -> float:
         """The earliest time a request could next reach any worker."""
         if self.completion_dispatches:
-            return self.env.peek()
+            # any event may dispatch; the stop time is not an event once the run reaches it
+            return min(self.env.peek(), self.stop_ms)
         return min(self.next_arrival_ms, self.stop_ms)
 
     def announce_arrival(self, t_ms: float) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 from conftest import make_config
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from model import simulate
@@ -226,6 +226,29 @@ link_strategy = st.fixed_dictionaries(
     topology=pd_strategy,
     link=link_strategy,
     cut=st.sampled_from([None, 300.0]),
+)
+# an arrival at exactly the stop time: its prefill pass ends past the stop, so it is in flight
+@example(
+    rows=[(0, 1, 0, 0), (65, 1, 0, 0), (235, 1, 0, 0)],
+    engine={
+        "num_gpu_blocks": 4,
+        "block_size": 2,
+        "max_num_batched_tokens": 16,
+        "max_num_seqs": 1,
+        "enable_prefix_caching": True,
+        "enable_chunked_prefill": False,
+        "preemption_mode": "lifo",
+        "dp_size": 1,
+    },
+    topology={
+        "kind": "disagg",
+        "num_prefill_workers": 1,
+        "num_decode_workers": 1,
+        "prefill": {"num_gpu_blocks": 20, "dp_size": 1},
+        "decode": {"num_gpu_blocks": 4, "max_num_seqs": 1, "dp_size": 1},
+    },
+    link={"bandwidth_gbps": None, "timing_mode": "full_prompt"},
+    cut=300.0,
 )
 def test_disagg_loses_nothing_and_fast_forward_changes_nothing(rows, engine, topology, link, cut):
     """Every request of a P/D run ends completed, rejected or incomplete; every pool ends with
