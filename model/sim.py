@@ -132,8 +132,12 @@ def write_requests_jsonl(
                 "destination_activated_ms": r["destination_activated_ms"],
                 "decode_admit_ms": r["decode_admit_ms"],
                 "source_released_ms": r["source_released_ms"],
+                # null unless a P/D request reached a decode worker (as the mocker writes it)
                 "decode_reused_input_tokens": r["decode_reused_input_tokens"]
-                if prefill is not pd.NA and prefill is not None
+                if prefill is not pd.NA
+                and prefill is not None
+                and decode is not pd.NA
+                and decode is not None
                 else None,
                 "terminal_status": r["terminal_status"],
             }

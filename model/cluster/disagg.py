@@ -44,7 +44,7 @@ class Destination:
     def __init__(self, worker: Worker, rank: Rank) -> None:
         self.worker = worker
         self.rank = rank
-        self.pending: deque[Request] = deque()
+        self.pending: deque[Request] = rank.scheduler.pending_reservations
         self.failed_generation = -1  # the rank's pool generation when its head last failed
 
 

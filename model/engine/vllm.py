@@ -92,6 +92,8 @@ class VllmScheduler:
         self.on_admit = on_admit
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        # a decode rank's requests waiting to reserve KV for a transfer, in acceptance order
+        self.pending_reservations: deque[Request] = deque()
         self.n_preemptions = 0
         # tokens each admission set out to compute (its sequence minus its prefix hit)
         self.n_committed_prefill_tokens = 0
@@ -309,6 +311,11 @@ class VllmScheduler:
         pool = self.pool
         waiting = self.waiting
         running = self.running
+        if self.pending_reservations:
+            # a request waits to reserve KV here: as in Dynamo, nothing that needs fresh KV
+            # (a request preempted here) is admitted before it; delivered requests still are
+            self._admit_delivered(batch, now_ms, 0)
+            return
         while waiting and len(running) < cfg.max_num_seqs:
             req = waiting[0]
             if req.materialized:
@@ -346,7 +353,7 @@ class VllmScheduler:
                     # what holds the blocks it lacks is KV delivered to requests queued behind
                     # it, which need no new blocks: let them run (and free their blocks) rather
                     # than wait on each other forever
-                    self._admit_delivered_behind(batch, now_ms)
+                    self._admit_delivered(batch, now_ms, 1)
                 break
             cached = hit * bs
             if (
@@ -393,9 +400,11 @@ class VllmScheduler:
         self.on_admit(req, 0, now_ms)
         batch.items.append((req, 0, 0, req.input_length))
 
-    def _admit_delivered_behind(self, batch: Batch, now_ms: float) -> None:
+    def _admit_delivered(self, batch: Batch, now_ms: float, start: int) -> None:
+        """Admit the delivered requests among waiting[start:], in queue order, past the
+        others."""
         waiting = self.waiting
-        for req in [r for r in list(waiting)[1:] if r.materialized]:
+        for req in [r for r in list(waiting)[start:] if r.materialized]:
             if len(self.running) >= self.cfg.max_num_seqs:
                 break
             waiting.remove(req)

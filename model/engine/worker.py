@@ -283,10 +283,12 @@ class Worker:
         return done
 
     def _end_pass(self, done: list[Request], batches: list[Batch]) -> None:
-        """At a pass end, now: commands that waited for it, then the pass's outcomes (which
-        may wake drivers and routers), then the worker's own end-of-pass hook."""
-        while self._deferred:
-            self._deferred.pop(0)()
+        """At a pass end, now: the pass's outcomes (which may wake drivers and routers), the
+        worker's own end-of-pass hook, then the commands that waited for the pass end.
+
+        The order is Dynamo's: a decode worker retries its pending reservation (the hook)
+        before it applies the transfers that landed during the pass, so a reservation made
+        here cannot pin the blocks those activations are about to register."""
         for batch in batches:
             for req, reason in batch.rejected:
                 self.on_reject(req, reason)
@@ -294,6 +296,8 @@ class Worker:
             self.on_complete(req)
         if self.after_pass is not None:
             self.after_pass(self)
+        while self._deferred:
+            self._deferred.pop(0)()
 
     def _sample_kv(self, rank: Rank, t: float) -> None:
         pool = rank.pool

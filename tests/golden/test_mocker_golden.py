@@ -127,22 +127,6 @@ COMMITTED = (
 
 # P/D differences from the mocker (ai-dynamo-runtime 1.6.1), each with its smallest case (s-w;
 # README.md in tests/golden/mocker gives the timelines).
-PD_RETRY_BEFORE_ACTIVATION = (
-    "at a decode pass end the mocker retries the rank's pending reservation before it applies "
-    "the activations deferred to that pass end, so their blocks are not yet resident for the "
-    "reservation to pin (destination_missing moves them again; the pool fills sooner); "
-    "servesim applies the deferred activations first. Case s (3 requests): B reserved at "
-    "19.097152 moves 80 tokens in the mocker (activated 29.582912), 16 in servesim "
-    "(22.097152)."
-)
-PD_ADMIT_PAST_PREEMPTED = (
-    "while a decode rank has a request waiting for a reservation, the mocker admits no waiting "
-    "request that needs fresh KV (one preempted on the decode side) but admits the activated "
-    "requests queued behind it; servesim's admission stops at the first request that does not "
-    "fit (it lets delivered requests past only when nothing runs). Case u (4 requests): D "
-    "admitted at 39 in the mocker, 45 in servesim; in case n preempted requests are readmitted "
-    "while a reservation waits."
-)
 PD_ZERO_OUTPUT_BUSY = (
     "an output-0 request activated while its decode worker runs passes: the mocker admits it "
     "into the pass starting at its activation (decode_admit_ms) and ends it at that pass end, "
@@ -155,12 +139,6 @@ PD_ARRIVAL_AT_PASS_END = (
     "for the pass after; servesim admits it into the pass starting then (as both do when the "
     "worker is idle, and in aggregated mode). Case w (3 requests): C admitted at 20 in the "
     "mocker, 10 in servesim."
-)
-PD_FAILED_DECODE_REUSE = (
-    "a request that never reaches the decode side (its prompt needs more blocks than a decode "
-    "rank has): the mocker writes decode_reused_input_tokens null, servesim's requests.jsonl "
-    "writer (model/sim.py write_requests_jsonl) writes 0. Every other field agrees (the "
-    "status `failed` / `rejected` is an accepted alias, STATUS_ALIASES)."
 )
 PD_COMMITTED = (
     "committed_prefill_tokens after decode-side preemptions: servesim counts a decode "
@@ -176,29 +154,19 @@ def _both(*reasons: str) -> str:
 
 
 KNOWN_PER_REQUEST: dict[str, str] = {
-    "n_pd_tight_decode": PD_ADMIT_PAST_PREEMPTED,
-    "o_pd_destination_missing": PD_RETRY_BEFORE_ACTIVATION,
-    "q_pd_decode_pool_too_small": PD_FAILED_DECODE_REUSE,
     "r_pd_fixed_timing": _both(PD_ZERO_OUTPUT_BUSY, PD_ARRIVAL_AT_PASS_END),
-    "s_pd_retry_before_activation": PD_RETRY_BEFORE_ACTIVATION,
-    "u_pd_admit_past_preempted": PD_ADMIT_PAST_PREEMPTED,
     "v_pd_zero_output_busy_decode": PD_ZERO_OUTPUT_BUSY,
     "w_pd_arrival_at_prefill_pass_end": PD_ARRIVAL_AT_PASS_END,
 }
 KNOWN_SUMMARY: dict[str, str] = {
-    "n_pd_tight_decode": PD_ADMIT_PAST_PREEMPTED,
-    "o_pd_destination_missing": PD_RETRY_BEFORE_ACTIVATION,
     "r_pd_fixed_timing": KNOWN_PER_REQUEST["r_pd_fixed_timing"],
-    "s_pd_retry_before_activation": PD_RETRY_BEFORE_ACTIVATION,
-    "u_pd_admit_past_preempted": PD_ADMIT_PAST_PREEMPTED,
     "w_pd_arrival_at_prefill_pass_end": PD_ARRIVAL_AT_PASS_END,
 }
 KNOWN_COMMITTED = {
     "c_tight_kv_lifo": COMMITTED,
     "d_tight_kv_fifo": COMMITTED,
-    "n_pd_tight_decode": _both(PD_ADMIT_PAST_PREEMPTED, PD_COMMITTED),
+    "n_pd_tight_decode": PD_COMMITTED,
     "t_pd_retry_after_preemption": PD_COMMITTED,
-    "u_pd_admit_past_preempted": PD_ADMIT_PAST_PREEMPTED,
 }
 
 
