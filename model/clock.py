@@ -3,7 +3,9 @@
 Several things can happen at one simulated instant. The model fixes their order, as Dynamo's
 replay does: pass completions, then transfer completions, then arrivals and admissions, then
 telemetry, and only then do idle workers start their next pass, so a request that arrives at
-the very instant a pass ends joins the next pass. SimPy orders events by (time, priority,
+the very instant a pass ends joins the next pass. (One exception, also Dynamo's: a prefill
+worker of a disaggregated cluster that still has work at its pass end starts the next pass
+before the arrivals of that instant.) SimPy orders events by (time, priority,
 insertion); these helpers schedule an event in a given phase.
 """
 
@@ -16,6 +18,9 @@ from simpy.events import Event
 
 PASS_END = -2
 TRANSFER_END = -1
+# a P/D prefill worker with work left at its pass end starts the next pass here: after the
+# transfers (and source releases) of the instant, before its arrivals
+PREFILL_NEXT_PASS = 0.5
 # SimPy uses 0 (URGENT) to start processes and 1 (NORMAL) for timeouts and succeed():
 # arrivals and everything they trigger happen in the NORMAL phase.
 ARRIVAL = 1

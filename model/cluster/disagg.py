@@ -239,8 +239,11 @@ class DisaggCluster(ClusterBase):
         """The transfer landed (now, between the decode worker's passes)."""
         req.destination_activated_ms = self.env.now
         del self.between_pools[req.idx]
-        if req.output_length == 0:
-            # nothing to decode: it ends here, and its reserved KV goes back
+        if req.output_length == 0 and not dest.worker.has_work():
+            # nothing to decode and no pass to join: it ends here (admitted and done at once,
+            # as in Dynamo), and its reserved KV goes back. On a worker with work it joins the
+            # next pass like any delivered request, at no cost, and ends at that pass's end.
+            req.decode_admit_ms = self.env.now
             dest.rank.pool.release(req)
             dest.worker.sample_kv()
             dest.worker.wake()  # the freed blocks may admit what waits there

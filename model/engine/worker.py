@@ -24,7 +24,7 @@ from collections.abc import Callable, Generator
 
 import simpy
 
-from model.clock import PASS_END, PASS_START, at_time
+from model.clock import PASS_END, PASS_START, PREFILL_NEXT_PASS, at_time
 from model.engine.vllm import Batch, VllmScheduler
 from model.kv.block_pool import BlockPool
 from model.metrics.recorder import Recorder
@@ -146,14 +146,22 @@ class Worker:
         env = self.env
         ranks = self.ranks
         single = ranks[0].scheduler if len(ranks) == 1 else None
+        # a prefill worker with work left at its pass end starts the next pass at once, before
+        # the arrivals of that instant (Dynamo's P/D replay); other workers let them join it
+        next_pass_at_once = self.role == "prefill"
+        pass_ended = False
         while True:
             if not self.has_work():
+                pass_ended = False
                 self._wake = env.event()
                 yield self._wake
                 self._wake = None
             if env.peek() <= env.now:
-                # other events of this instant (arrivals, completions) go first
-                yield at_time(env, env.now, PASS_START)
+                # other events of this instant (arrivals, completions) go first; for a prefill
+                # worker straight after its pass, only transfers and source releases
+                phase = PREFILL_NEXT_PASS if pass_ended and next_pass_at_once else PASS_START
+                yield at_time(env, env.now, phase)
+            pass_ended = True  # every way out of the loop below ends a pass, or sleeps first
             t = env.now
             horizon = self.horizon()  # nothing can reach this worker before then
             while True:
@@ -171,6 +179,7 @@ class Worker:
                         # waiting work that cannot be admitted yet (its KV is held elsewhere
                         # until a transfer ends): sleep until something is delivered
                         if self.has_work():
+                            pass_ended = False
                             self._wake = env.event()
                             yield self._wake
                             self._wake = None
