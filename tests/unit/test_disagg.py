@@ -142,6 +142,46 @@ def test_zero_output_request_ends_at_activation(config, trace):
     assert len(r.passes[r.passes.role == "decode"]) == 0
 
 
+def test_zero_output_request_on_a_busy_decode_worker_joins_its_next_pass(config, trace):
+    """A decodes 40 tokens from 11 (passes 10-11, 11-12, ...). B (output 0) is prefilled
+    10-20 and delivered at 20, between A's passes: it joins the pass 20-21 at no cost and ends
+    at its end, as Dynamo's replay does."""
+    rows = [row(0, 100, 40, ids(0, 100)), row(10, 100, 0, ids(100, 100))]
+    r = run(config, trace, rows)
+    b = r.requests.iloc[1]
+    assert (b.destination_activated_ms, b.decode_admit_ms, b.terminal_ms) == (20, 20, 21)
+    assert b.terminal_status == "completed" and b.output_length == 0
+    decode = r.passes[r.passes.role == "decode"]
+    assert (decode.end_ms - decode.start_ms == 1).all()  # B added no time
+
+
+def test_prefill_worker_with_work_starts_its_next_pass_before_arrivals(config, trace):
+    """A is prefilled 0-10; B (arrived 5) waits. C arrives at exactly 10, when A's pass ends:
+    the prefill worker starts B's pass at 10 before C arrives, so C waits for 20-30. The
+    same trace on an aggregated worker admits C at 10 with B."""
+    rows = [row(0, 100, 1, ids(0, 100)), row(5, 100, 1, ids(100, 100))]
+    rows.append(row(10, 100, 1, ids(200, 100)))
+    r = run(config, trace, rows)
+    assert list(r.requests.prefill_admit_ms) == [0, 10, 20]
+    agg = simulate(
+        config(
+            workload={"kind": "mooncake", "path": trace(rows), "trace_block_size": 64},
+            timing=FIXED,
+            topology={"num_workers": 1},
+        )
+    )
+    assert list(agg.requests.first_admit_ms) == [0, 10, 10]
+
+
+def test_source_release_at_a_prefill_pass_end_is_not_deferred(config, trace):
+    """With an instant link, A's handoff runs at its prefill pass end (10), and its source is
+    released at 10, before the prefill worker starts B's pass at that instant."""
+    rows = [row(0, 100, 2, ids(0, 100)), row(5, 100, 2, ids(100, 100))]
+    r = run(config, trace, rows)
+    a = r.requests.iloc[0]
+    assert (a.source_held_ms, a.destination_activated_ms, a.source_released_ms) == (10, 10, 10)
+
+
 def test_a_prompt_no_decode_pool_can_hold_is_rejected(config, trace):
     """It fits the prefill pool but not a decode worker's: rejected at source held with a
     reason; its held prefill KV is given back; nothing is lost."""
