@@ -223,7 +223,8 @@ def simulate(cfg: RunConfig) -> Result:
     """Run one configuration and return its tables. Deterministic for a given config and seed."""
     wall_start = time.perf_counter()
     streams = random_streams(cfg.seed)
-    hasher = BlockHasher(cfg.engine.block_size)
+    # every role shares one block size (checked by role_engines); it may differ from `engine`'s
+    hasher = BlockHasher(next(iter(role_engines(cfg).values())).block_size)
     workload = build_workload(cfg.workload, cfg.load, hasher, streams)
 
     env = Environment()
@@ -252,12 +253,15 @@ def simulate(cfg: RunConfig) -> Result:
     )
     for req in in_flight:
         recorder.request_terminal(req, INCOMPLETE, stopped_at, cut)
+    not_arrived = (
+        "not arrived by max_virtual_time_ms"
+        if cfg.stop.max_virtual_time_ms is not None
+        else "never dispatched: the run stalled before its turn"
+    )
     for session in workload.sessions:
         for req in session:
             if req.terminal_status == "":
-                recorder.request_terminal(
-                    req, INCOMPLETE, stopped_at, "not arrived by max_virtual_time_ms"
-                )
+                recorder.request_terminal(req, INCOMPLETE, stopped_at, not_arrived)
 
     requests = requests_table(recorder)
     passes = passes_table(recorder)
@@ -305,7 +309,8 @@ def simulate(cfg: RunConfig) -> Result:
             )
             for role, engine in role_engines(cfg).items()
         },
-        "kv_bytes_per_token": kv_bytes_per_token(cfg.llm),
+        # what a KV transfer charges per token (the llm geometry unless link overrides it)
+        "kv_bytes_per_token": cfg.link.kv_bytes_per_token or kv_bytes_per_token(cfg.llm),
         "kv_eviction_policy": "lru",
         "versions": _versions(),
         "config": cfg.model_dump(mode="json"),

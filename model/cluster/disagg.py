@@ -62,13 +62,12 @@ class DisaggCluster(ClusterBase):
         assert isinstance(topo, DisaggTopology)
         engines = role_engines(cfg)
         self.engines = engines
-        step_time = build_step_time(cfg)
         self.prefill = self.build_pool(
             "prefill",
             engines["prefill"],
             topo.num_prefill_workers,
             num_gpu_blocks(cfg, engines["prefill"]),
-            step_time,
+            build_step_time(cfg, engines["prefill"]),
             hasher,
             self._source_held,
             name="p",
@@ -78,7 +77,7 @@ class DisaggCluster(ClusterBase):
             engines["decode"],
             topo.num_decode_workers,
             num_gpu_blocks(cfg, engines["decode"]),
-            step_time,
+            build_step_time(cfg, engines["decode"]),
             hasher,
             self._completed,
             after_pass=self._retry_reservations,

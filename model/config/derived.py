@@ -27,6 +27,7 @@ def derived_num_gpu_blocks(cfg: RunConfig, engine: VllmEngineConfig | None = Non
     """KV blocks that fit on one worker rank: its TP GPUs' HBM x utilisation, minus weights and
     reserve (`engine` defaults to cfg.engine)."""
     engine = engine or cfg.engine
+    where = "engine" if engine is cfg.engine else _role_path(cfg, engine)
     tp = engine.tp_size
     usable_bytes = cfg.hardware.hbm_gb * 1e9 * engine.gpu_memory_utilization * tp
     kv_bytes = usable_bytes - weight_bytes(cfg.llm) - engine.activation_reserve_gb * 1e9 * tp
@@ -34,11 +35,21 @@ def derived_num_gpu_blocks(cfg: RunConfig, engine: VllmEngineConfig | None = Non
     blocks = math.floor(kv_bytes / block_bytes)
     if blocks <= 0:
         raise ConfigError(
-            f"engine.num_gpu_blocks: {cfg.llm.name} ({weight_bytes(cfg.llm) / 1e9:.1f} GB of "
+            f"{where}.num_gpu_blocks: {cfg.llm.name} ({weight_bytes(cfg.llm) / 1e9:.1f} GB of "
             f"weights) leaves no room for KV on {tp} x {cfg.hardware.name} "
             f"({cfg.hardware.hbm_gb} GB, gpu_memory_utilization {engine.gpu_memory_utilization})"
         )
     return blocks
+
+
+def _role_path(cfg: RunConfig, engine: VllmEngineConfig) -> str:
+    """The config path of a role's engine settings (`topology.prefill` or `topology.decode`),
+    or `engine` when no role overrides it."""
+    if cfg.topology.kind == "disagg":
+        for role in ("prefill", "decode"):
+            if getattr(cfg.topology, role).model_fields_set and role_engine(cfg, role) == engine:
+                return f"topology.{role}"
+    return "engine"
 
 
 def num_gpu_blocks(cfg: RunConfig, engine: VllmEngineConfig | None = None) -> int:
@@ -87,4 +98,13 @@ def role_engines(cfg: RunConfig) -> dict[str, VllmEngineConfig]:
             "(topology.decode.enable_prefix_caching / engine.enable_prefix_caching): without "
             "it nothing is resident, so say full_prompt"
         )
+    topo = cfg.topology
+    for k, pair in enumerate(cfg.link.pairs):
+        for side, n in (("prefill", topo.num_prefill_workers), ("decode", topo.num_decode_workers)):
+            bad = [i for i in getattr(pair, f"{side}_workers") or [] if not 0 <= i < n]
+            if bad:
+                raise ValueError(
+                    f"link.pairs[{k}].{side}_workers: {bad} out of range; the {side} pool has "
+                    f"workers 0..{n - 1}"
+                )
     return engines

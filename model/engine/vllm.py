@@ -163,7 +163,8 @@ class VllmScheduler:
                 del items[k]
                 break
         victim.num_computed_tokens = 0
-        victim.n_preemptions += 1
+        # a request's row counts its preemptions on either side of a P/D handoff
+        (victim.parent or victim).n_preemptions += 1
         victim.status = Status.WAITING
         self.waiting.appendleft(victim)
         self.n_preemptions += 1

@@ -8,6 +8,7 @@ from model.config.schema import (
     PolynomialTiming,
     RooflineTiming,
     RunConfig,
+    VllmEngineConfig,
 )
 from model.timing.base import Scaled, StepTime
 from model.timing.fixed import Fixed
@@ -16,8 +17,10 @@ from model.timing.polynomial import Polynomial
 from model.timing.roofline import Roofline
 
 
-def build_step_time(cfg: RunConfig) -> StepTime:
-    """The configured timing model, scaled by the engine's speedup ratios."""
+def build_step_time(cfg: RunConfig, engine: VllmEngineConfig | None = None) -> StepTime:
+    """The configured timing model, scaled by the engine's speedup ratios (`engine` defaults
+    to cfg.engine; pass a role's engine in a disagg topology)."""
+    engine = engine or cfg.engine
     t = cfg.timing
     inner: StepTime
     if isinstance(t, PolynomialTiming):
@@ -27,10 +30,10 @@ def build_step_time(cfg: RunConfig) -> StepTime:
     elif isinstance(t, InterpolatedTiming):
         inner = Interpolated(t)
     elif isinstance(t, RooflineTiming):
-        inner = Roofline(t, cfg.llm, cfg.hardware, cfg.engine.tp_size)
+        inner = Roofline(t, cfg.llm, cfg.hardware, engine.tp_size)
     else:  # pragma: no cover - the schema admits no other kind
         raise TypeError(f"unknown timing kind {t!r}")
-    return Scaled(inner, cfg.engine.speedup_ratio, cfg.engine.decode_speedup_ratio)
+    return Scaled(inner, engine.speedup_ratio, engine.decode_speedup_ratio)
 
 
 __all__ = ["StepTime", "build_step_time"]

@@ -194,6 +194,25 @@ def test_a_prompt_no_decode_pool_can_hold_is_rejected(config, trace):
     assert r.summary["completed_requests"] + r.summary["rejected_requests"] == 2
 
 
+def test_each_role_has_its_own_step_time(config, trace):
+    """decode speedup_ratio 2 halves the decode passes only (1 -> 0.5 ms); prefill stays 10."""
+    r = run(config, trace, [row(0, 1000, 5, ids(0, 1000))], decode={"speedup_ratio": 2.0})
+    assert lifecycle(r)[-2:] == [10.5, 12.5]
+    p = r.passes
+    assert list(p.end_ms - p.start_ms) == [10.0] + [0.5] * 5
+
+
+def test_roles_block_size_cuts_the_prompt_content(config, trace):
+    """Both roles at block_size 32 (engine's stays 64): the trace's 64-token hash blocks
+    become 32-token blocks, so a repeated 128-token prompt reuses 96 tokens (the last block is
+    recomputed), as it would with engine.block_size=32."""
+    rows = [row(0, 128, 1, [1, 2]), row(100, 128, 1, [1, 2])]
+    roles = run(config, trace, rows, prefill={"block_size": 32}, decode={"block_size": 32})
+    assert list(roles.requests.reused_input_tokens) == [0, 96]
+    engine = run(config, trace, rows, engine={"block_size": 32})
+    assert list(engine.requests.reused_input_tokens) == [0, 96]
+
+
 def test_pools_route_round_robin_prefill_by_arrival_decode_by_prefill_finish(config, trace):
     """A (3 chunks, on p0) arrives first but finishes its prefill after B (on p1): B takes the
     first decode worker, A the second."""
@@ -238,6 +257,13 @@ def test_pool_sizes_in_the_summary(config, trace):
                 "link": {"timing_mode": "destination_missing"},
             },
             "destination_missing",
+        ),
+        (
+            {
+                "topology": {"kind": "disagg", "num_decode_workers": 2},
+                "link": {"pairs": [{"decode_workers": [2], "bandwidth_gbps": 450}]},
+            },
+            r"link.pairs\[0\].decode_workers: \[2\] out of range",
         ),
     ],
 )
