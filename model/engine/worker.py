@@ -136,7 +136,9 @@ class Worker:
             pool = rank.pool
             if pool.pending_events:
                 for kind, h in pool.take_events():
-                    self.recorder.kv_event(now, self.idx, rank.dp_rank, kind, "device", h)
+                    self.recorder.kv_event(
+                        now, rank.name, self.idx, rank.dp_rank, kind, "device", h, self.order
+                    )
             self._sample_kv(rank, now)
 
     def has_work(self) -> bool:
@@ -251,7 +253,9 @@ class Worker:
             events = rank.pool.take_events()
             for (i, h), (kind, h2) in zip(registered, events, strict=True):
                 assert h == h2
-                self.recorder.kv_event(ends[i], self.idx, 0, kind, "device", h)
+                self.recorder.kv_event(
+                    ends[i], rank.name, self.idx, 0, kind, "device", h, self.order
+                )
 
     def _finish(self, batches: list[Batch], start: float, end: float) -> list[Request]:
         """Apply a pass at its end time: stamp tokens, release finished requests' blocks,
@@ -287,7 +291,9 @@ class Worker:
             pool = rank.pool
             if pool.pending_events:
                 for kind, h in pool.take_events():
-                    self.recorder.kv_event(end, self.idx, rank.dp_rank, kind, "device", h)
+                    self.recorder.kv_event(
+                        end, rank.name, self.idx, rank.dp_rank, kind, "device", h, self.order
+                    )
             self._sample_kv(rank, end)
         return done
 

@@ -72,7 +72,17 @@ TRANSFER_COLUMNS = (
     "bytes",
     "tokens",
 )
-KV_EVENT_COLUMNS = ("t_ms", "worker", "dp_rank", "event_id", "kind", "tier", "block_hash")
+KV_EVENT_COLUMNS = (
+    "t_ms",
+    "pool",
+    "worker",
+    "dp_rank",
+    "event_id",
+    "kind",
+    "tier",
+    "block_hash",
+    "worker_order",  # sort key (workers across pools, prefill first); not in the table
+)
 
 COMPLETED = "completed"
 REJECTED = "rejected"
@@ -233,7 +243,18 @@ class Recorder:
         )
 
     def kv_event(
-        self, t_ms: float, worker: int, dp_rank: int, kind: str, tier: str, block_hash: int
+        self,
+        t_ms: float,
+        pool: str,
+        worker: int,
+        dp_rank: int,
+        kind: str,
+        tier: str,
+        block_hash: int,
+        worker_order: int,
     ) -> None:
-        self.kv_events.append((t_ms, worker, dp_rank, self._n_kv_events, kind, tier, block_hash))
+        """A block `stored` in or `removed` from `pool` (a rank's name, e.g. cluster.d0)."""
+        self.kv_events.append(
+            (t_ms, pool, worker, dp_rank, self._n_kv_events, kind, tier, block_hash, worker_order)
+        )
         self._n_kv_events += 1

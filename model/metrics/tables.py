@@ -61,12 +61,12 @@ def kv_table(rec: Recorder) -> pd.DataFrame:
 
 
 def kv_events_table(rec: Recorder) -> pd.DataFrame:
-    """KV events in time order (workers in index order at equal times), numbered in that
-    order."""
+    """KV events in time order (at equal times prefill workers, then decode workers, each
+    pool in index order), numbered in that order."""
     df = pd.DataFrame.from_records(rec.kv_events, columns=list(KV_EVENT_COLUMNS))
-    df = df.sort_values(["t_ms", "worker", "dp_rank"], kind="stable").reset_index(drop=True)
+    df = df.sort_values(["t_ms", "worker_order", "dp_rank"], kind="stable").reset_index(drop=True)
     df["event_id"] = np.arange(len(df), dtype="int64")
-    return df
+    return df.drop(columns="worker_order")
 
 
 def time_weighted_mean(kv: pd.DataFrame, column: str, end_ms: float) -> pd.Series:

@@ -213,6 +213,19 @@ def test_roles_block_size_cuts_the_prompt_content(config, trace):
     assert list(engine.requests.reused_input_tokens) == [0, 96]
 
 
+def test_kv_events_name_their_pool(config, trace):
+    """A 1000-token prompt stores its 15 full blocks on the prefill worker at its pass end
+    (10) and again on the decode worker when its KV lands (10, after the prefill's)."""
+    r = run(config, trace, [row(0, 1000, 2, ids(0, 1000))], output={"kv_events": True})
+    ev = r.kv_events
+    stored = ev[ev.kind == "stored"]
+    assert list(stored.groupby("pool", sort=False).size().items()) == [
+        ("cluster.p0", 15),
+        ("cluster.d0", 15),
+    ]
+    assert (stored.t_ms == 10).all() and list(ev.event_id) == list(range(len(ev)))
+
+
 def test_pools_route_round_robin_prefill_by_arrival_decode_by_prefill_finish(config, trace):
     """A (3 chunks, on p0) arrives first but finishes its prefill after B (on p1): B takes the
     first decode worker, A the second."""
