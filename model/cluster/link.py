@@ -137,7 +137,7 @@ class Link:
         self._advance()
         self.sharing.append(job)
         if not self._changed.triggered:
-            self._changed.succeed()
+            fire(self.env, self._changed, TRANSFER_END)  # re-plan in the transfer phase
 
     def _advance(self) -> None:
         """Move every sharing transfer forward to now at its share of the bandwidth."""
