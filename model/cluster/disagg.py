@@ -243,6 +243,10 @@ class DisaggCluster(ClusterBase):
             # as in Dynamo), and its reserved KV goes back. On a worker with work it joins the
             # next pass like any delivered request, at no cost, and ends at that pass's end.
             req.decode_admit_ms = self.env.now
+            # its prompt blocks are registered (and stay cached once released); Dynamo tries
+            # the rank's reservation queue once while they are still held, and again after
+            dest.rank.scheduler.materialize(req)
+            self.try_reserve(dest)
             dest.rank.pool.release(req)
             dest.worker.sample_kv()
             dest.worker.wake()  # the freed blocks may admit what waits there

@@ -69,6 +69,7 @@ class Link:
             self.sharing: list[Transfer] = []
             self._last_ms = env.now
             self._changed = env.event()
+            self._timer: simpy.Event | None = None
             env.process(self._share())
 
     def duration_ms(self, n_bytes: int) -> float:
@@ -136,8 +137,7 @@ class Link:
         job.remaining_bytes = float(job.n_bytes)
         self._advance()
         self.sharing.append(job)
-        if not self._changed.triggered:
-            fire(self.env, self._changed, TRANSFER_END)  # re-plan in the transfer phase
+        self._wake_sharing()
 
     def _advance(self) -> None:
         """Move every sharing transfer forward to now at its share of the bandwidth."""
@@ -147,6 +147,12 @@ class Link:
             for job in self.sharing:
                 job.remaining_bytes -= moved
         self._last_ms = now
+
+    def _wake_sharing(self) -> None:
+        """Wake the sharing process in the transfer phase of this instant (a join, or the
+        planned next completion)."""
+        if not self._changed.triggered:
+            fire(self.env, self._changed, TRANSFER_END)
 
     def _share(self) -> Generator[simpy.Event, None, None]:
         env = self.env
@@ -158,10 +164,14 @@ class Link:
             n = len(self.sharing)
             first = min(self.sharing, key=lambda j: j.remaining_bytes)
             end = env.now + max(0.0, first.remaining_bytes) * n / self.bytes_per_ms  # type: ignore[operator]
+            # one wake-up event for both causes, so the process resumes in the transfer phase
+            # (a condition `timer | changed` would resume in SimPy's normal phase, after a
+            # prefill worker's next pass has started); a superseded timer wakes nobody
             timer = at_time(env, end, TRANSFER_END)
-            yield timer | self._changed
-            if self._changed.triggered:
-                self._changed = env.event()
+            timer.callbacks.append(lambda ev: self._wake_sharing() if ev is self._timer else None)
+            self._timer = timer
+            yield self._changed
+            self._changed = env.event()
             self._advance()
             # complete everything that has (numerically) arrived, in submission order
             done = [j for j in self.sharing if j.remaining_bytes <= 1e-6]

@@ -455,11 +455,16 @@ class VllmScheduler:
             raise RuntimeError(f"reservation check passed but allocation failed for {req}")
         return hit
 
-    def activate(self, req: Request) -> None:
-        """The transfer landed: the prompt's KV is computed here. Its full blocks become
-        cacheable, and it waits (in acceptance order among delivered requests) for a pass."""
+    def materialize(self, req: Request) -> None:
+        """The transfer landed: the prompt's KV is computed here, and its full blocks become
+        cacheable (visible to later prefix matches, kept in the cache once released)."""
         req.num_computed_tokens = req.input_length
         self._register_full(req)
+
+    def activate(self, req: Request) -> None:
+        """A delivered request joins the waiting queue (in acceptance order among delivered
+        requests) for a pass."""
+        self.materialize(req)
         req.materialized = True
         req.status = Status.WAITING
         waiting = self.waiting

@@ -215,6 +215,7 @@ link_strategy = st.fixed_dictionaries(
     {
         "bandwidth_gbps": st.sampled_from([None, 0.001, 0.01]),
         "timing_mode": st.sampled_from(["full_prompt", "destination_missing"]),
+        "contention": st.sampled_from(["per_request", "fifo_lanes", "shared"]),
     }
 )
 
@@ -247,7 +248,7 @@ link_strategy = st.fixed_dictionaries(
         "prefill": {"num_gpu_blocks": 20, "dp_size": 1},
         "decode": {"num_gpu_blocks": 4, "max_num_seqs": 1, "dp_size": 1},
     },
-    link={"bandwidth_gbps": None, "timing_mode": "full_prompt"},
+    link={"bandwidth_gbps": None, "timing_mode": "full_prompt", "contention": "per_request"},
     cut=300.0,
 )
 def test_disagg_loses_nothing_and_fast_forward_changes_nothing(rows, engine, topology, link, cut):

@@ -173,13 +173,18 @@ def test_prefill_worker_with_work_starts_its_next_pass_before_arrivals(config, t
     assert list(agg.requests.first_admit_ms) == [0, 10, 10]
 
 
-def test_source_release_at_a_prefill_pass_end_is_not_deferred(config, trace):
-    """With an instant link, A's handoff runs at its prefill pass end (10), and its source is
-    released at 10, before the prefill worker starts B's pass at that instant."""
-    rows = [row(0, 100, 2, ids(0, 100)), row(5, 100, 2, ids(100, 100))]
-    r = run(config, trace, rows)
-    a = r.requests.iloc[0]
-    assert (a.source_held_ms, a.destination_activated_ms, a.source_released_ms) == (10, 10, 10)
+@pytest.mark.parametrize("contention", ["per_request", "fifo_lanes", "shared"])
+def test_source_release_at_a_prefill_pass_end_is_not_deferred(config, trace, contention):
+    """A's 100 MB transfer (1 GB/s, 10-110) lands at 110, the end of B's prefill pass (100-110)
+    while C (arrived 105) waits: A's source is released at 110, in the transfer phase, before
+    the prefill worker starts C's pass at that instant, whatever the link's contention model."""
+    rows = [row(0, 100, 3, ids(0, 100)), row(100, 100, 3, ids(100, 100))]
+    rows.append(row(105, 100, 3, ids(200, 100)))
+    link = {"bandwidth_gbps": 1.0, "kv_bytes_per_token": 1_000_000, "contention": contention}
+    r = run(config, trace, rows, link=link)
+    a, c = r.requests.iloc[0], r.requests.iloc[2]
+    assert (a.destination_activated_ms, a.source_released_ms) == (110, 110)
+    assert c.prefill_admit_ms == 110
 
 
 def test_a_prompt_no_decode_pool_can_hold_is_rejected(config, trace):

@@ -395,6 +395,88 @@ def zero_output_busy_decode_trace() -> list[Row]:
     ]
 
 
+def zero_output_idle_retry_trace() -> list[Row]:
+    """P/D, fixed timing (prefill 10, decode 1 ms), 1 GB/s, decode pool 20 x 16 tokens: an
+    output-0 request lands on an idle decode worker while another waits to reserve. The
+    mocker tries the waiting reservation once while the output-0 request's blocks are still
+    held and again after they are released (a review of servesim found the second attempt
+    missing: request 5 was reserved at 44.360128 instead of 40.97152)."""
+    return [
+        {
+            "timestamp": 0,
+            "input_length": 96,
+            "output_length": 5,
+            "hash_ids": [100, *range(101, 106)],
+        },
+        {
+            "timestamp": 1,
+            "input_length": 160,
+            "output_length": 0,
+            "hash_ids": [200, *range(201, 210)],
+        },
+        {
+            "timestamp": 4,
+            "input_length": 128,
+            "output_length": 1,
+            "hash_ids": [300, *range(301, 308)],
+        },
+        {"timestamp": 5, "input_length": 32, "output_length": 1, "hash_ids": list(range(400, 402))},
+        {"timestamp": 6, "input_length": 32, "output_length": 1, "hash_ids": list(range(500, 502))},
+    ]
+
+
+def zero_output_caches_prompt_trace() -> list[Row]:
+    """P/D, fixed timing (prefill 10, decode 1 ms), 1 GB/s, decode pool 100 x 64 tokens: the
+    output-0 request 1 lands on an idle decode worker and ends at once; its prompt blocks are
+    registered first, so they stay cached and request 2 (same first block) pins one of them,
+    which leaves room for request 7's reservation at 265 (servesim once released them
+    unregistered and reserved 7 only at 354.81824). Shrunk from a 40-row fuzz trace."""
+    return [
+        {
+            "timestamp": 525,
+            "input_length": 1308,
+            "output_length": 0,
+            "hash_ids": [3, *range(2150, 2170)],
+        },
+        {
+            "timestamp": 725,
+            "input_length": 1088,
+            "output_length": 2,
+            "hash_ids": [3, *range(2600, 2616)],
+        },
+        {
+            "timestamp": 770,
+            "input_length": 670,
+            "output_length": 30,
+            "hash_ids": [2, *range(2700, 2710)],
+        },
+        {
+            "timestamp": 770,
+            "input_length": 900,
+            "output_length": 30,
+            "hash_ids": [2, *range(2750, 2764)],
+        },
+        {
+            "timestamp": 770,
+            "input_length": 821,
+            "output_length": 30,
+            "hash_ids": [1, *range(2800, 2812)],
+        },
+        {
+            "timestamp": 770,
+            "input_length": 1347,
+            "output_length": 2,
+            "hash_ids": [3, *range(2850, 2871)],
+        },
+        {
+            "timestamp": 780,
+            "input_length": 1441,
+            "output_length": 2,
+            "hash_ids": [2, *range(2900, 2922)],
+        },
+    ]
+
+
 def arrival_at_prefill_pass_end_trace() -> list[Row]:
     """P/D, fixed timing (prefill 10, decode 2 ms): A's prefill pass runs 0 -> 10; B arrives
     at 5 and waits; C arrives at 10, exactly when that pass ends. The mocker starts the prefill
@@ -728,6 +810,36 @@ CASES = [
         engine={"timing_model": {"type": "fixed", "prefill_ms": 10.0, "decode_ms": 2.0}},
         servesim_overrides=("timing=fixed", "timing.prefill_ms=10.0", "timing.decode_ms=2.0"),
         pd=(1, 1),
+    ),
+    Case(
+        "x_pd_zero_output_idle_retry",
+        "5 requests, P/D: an output-0 request ends on an idle decode worker while a reservation "
+        "waits (an attempt before and after its blocks go back)",
+        zero_output_idle_retry_trace,
+        trace_block_size=16,
+        engine={
+            "block_size": 16,
+            "timing_model": {"type": "fixed", "prefill_ms": 10.0, "decode_ms": 1.0},
+        },
+        servesim_overrides=(
+            "engine.block_size=16",
+            "timing=fixed",
+            "timing.prefill_ms=10.0",
+            "timing.decode_ms=1.0",
+        ),
+        pd=(1, 1),
+        decode={"num_gpu_blocks": 20},
+        bandwidth_gbps=1.0,
+    ),
+    Case(
+        "y_pd_zero_output_caches_prompt",
+        "7 requests, P/D: an output-0 request's prompt blocks stay cached on the decode worker",
+        zero_output_caches_prompt_trace,
+        engine={"timing_model": {"type": "fixed", "prefill_ms": 10.0, "decode_ms": 1.0}},
+        servesim_overrides=("timing=fixed", "timing.prefill_ms=10.0", "timing.decode_ms=1.0"),
+        pd=(1, 1),
+        decode={"num_gpu_blocks": 100},
+        bandwidth_gbps=1.0,
     ),
 ]
 
