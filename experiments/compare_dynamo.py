@@ -84,7 +84,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from model import Result, RunConfig, simulate, validate_config
 from model.config import num_gpu_blocks
-from model.config.derived import kv_bytes_per_token, role_engines
+from model.config.derived import role_engines, transfer_bytes_per_token
 from model.config.schema import (
     ConcurrencyLoad,
     DisaggTopology,
@@ -270,7 +270,7 @@ def _disagg_args(
     if link.pairs:
         problems.append("link.pairs: the mocker has one bandwidth for every prefill/decode pair")
     engines = role_engines(cfg)
-    bytes_per_token = link.kv_bytes_per_token or kv_bytes_per_token(cfg.llm)
+    bytes_per_token = transfer_bytes_per_token(cfg)
     out: dict[str, Any] = {
         "num_prefill_workers": topo.num_prefill_workers,
         "num_decode_workers": topo.num_decode_workers,

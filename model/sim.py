@@ -25,7 +25,7 @@ from model.clock import Environment
 from model.cluster.aggregated import AggregatedCluster
 from model.cluster.base import ClusterBase, total_workers
 from model.cluster.disagg import DisaggCluster
-from model.config.derived import kv_bytes_per_token, num_gpu_blocks, role_engines
+from model.config.derived import num_gpu_blocks, role_engines, transfer_bytes_per_token
 from model.config.schema import ConcurrencyLoad, DisaggTopology, RunConfig
 from model.metrics.recorder import INCOMPLETE, Recorder
 from model.metrics.summary import summarize
@@ -305,12 +305,12 @@ def simulate(cfg: RunConfig) -> Result:
         # per rank: aggregated workers, or the decode pool (prefill_num_gpu_blocks for P/D)
         **{
             ("prefill_num_gpu_blocks" if role == "prefill" else "num_gpu_blocks"): num_gpu_blocks(
-                cfg, engine
+                cfg, engine, role
             )
             for role, engine in role_engines(cfg).items()
         },
         # what a KV transfer charges per token (the llm geometry unless link overrides it)
-        "kv_bytes_per_token": cfg.link.kv_bytes_per_token or kv_bytes_per_token(cfg.llm),
+        "kv_bytes_per_token": transfer_bytes_per_token(cfg),
         "kv_eviction_policy": "lru",
         "versions": _versions(),
         "config": cfg.model_dump(mode="json"),

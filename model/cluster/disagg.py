@@ -26,7 +26,7 @@ from model.clock import TRANSFER_END, fire
 from model.cluster.base import ClusterBase
 from model.cluster.handoff import handoff
 from model.cluster.link import Link
-from model.config.derived import kv_bytes_per_token, num_gpu_blocks, role_engines
+from model.config.derived import num_gpu_blocks, role_engines, transfer_bytes_per_token
 from model.config.schema import DisaggTopology, RunConfig
 from model.engine.worker import Rank, Worker
 from model.metrics.recorder import COMPLETED, REJECTED, Recorder
@@ -66,7 +66,7 @@ class DisaggCluster(ClusterBase):
             "prefill",
             engines["prefill"],
             topo.num_prefill_workers,
-            num_gpu_blocks(cfg, engines["prefill"]),
+            num_gpu_blocks(cfg, engines["prefill"], "prefill"),
             build_step_time(cfg, engines["prefill"]),
             hasher,
             self._source_held,
@@ -76,7 +76,7 @@ class DisaggCluster(ClusterBase):
             "decode",
             engines["decode"],
             topo.num_decode_workers,
-            num_gpu_blocks(cfg, engines["decode"]),
+            num_gpu_blocks(cfg, engines["decode"], "decode"),
             build_step_time(cfg, engines["decode"]),
             hasher,
             self._completed,
@@ -95,7 +95,7 @@ class DisaggCluster(ClusterBase):
             cfg.router, len(self.decode), router_rng, engines["decode"].dp_size, flat=True
         )
         self.link_cfg = cfg.link
-        self.kv_bytes_per_token = cfg.link.kv_bytes_per_token or kv_bytes_per_token(cfg.llm)
+        self.kv_bytes_per_token = transfer_bytes_per_token(cfg)
         self.links: dict[tuple[int, int], Link] = {}
         self._accepted = 0
         # requests whose prefill is done and whose decode has not begun (waiting for KV on a

@@ -19,15 +19,21 @@ def kv_bytes_per_token(llm: LlmConfig) -> int:
     return llm.num_layers * 2 * llm.num_kv_heads * llm.head_dim * kv_dtype_bytes(llm)
 
 
+def transfer_bytes_per_token(cfg: RunConfig) -> int:
+    """What a KV transfer charges per token: `link.kv_bytes_per_token`, else the geometry's."""
+    return cfg.link.kv_bytes_per_token or kv_bytes_per_token(cfg.llm)
+
+
 def weight_bytes(llm: LlmConfig) -> float:
     return llm.num_params_b * 1e9 * DTYPE_BYTES[llm.dtype]
 
 
-def derived_num_gpu_blocks(cfg: RunConfig, engine: VllmEngineConfig | None = None) -> int:
+def derived_num_gpu_blocks(
+    cfg: RunConfig, engine: VllmEngineConfig | None = None, where: str = "engine"
+) -> int:
     """KV blocks that fit on one worker rank: its TP GPUs' HBM x utilisation, minus weights and
-    reserve (`engine` defaults to cfg.engine)."""
+    reserve (`engine` defaults to cfg.engine; `where` is its config path, for errors)."""
     engine = engine or cfg.engine
-    where = "engine" if engine is cfg.engine else _role_path(cfg, engine)
     tp = engine.tp_size
     usable_bytes = cfg.hardware.hbm_gb * 1e9 * engine.gpu_memory_utilization * tp
     kv_bytes = usable_bytes - weight_bytes(cfg.llm) - engine.activation_reserve_gb * 1e9 * tp
@@ -42,23 +48,17 @@ def derived_num_gpu_blocks(cfg: RunConfig, engine: VllmEngineConfig | None = Non
     return blocks
 
 
-def _role_path(cfg: RunConfig, engine: VllmEngineConfig) -> str:
-    """The config path of a role's engine settings (`topology.prefill` or `topology.decode`),
-    or `engine` when no role overrides it."""
-    if cfg.topology.kind == "disagg":
-        for role in ("prefill", "decode"):
-            if getattr(cfg.topology, role).model_fields_set and role_engine(cfg, role) == engine:
-                return f"topology.{role}"
-    return "engine"
-
-
-def num_gpu_blocks(cfg: RunConfig, engine: VllmEngineConfig | None = None) -> int:
+def num_gpu_blocks(
+    cfg: RunConfig, engine: VllmEngineConfig | None = None, role: str = "aggregated"
+) -> int:
     """Configured blocks per worker rank, or the HBM-derived count when `num_gpu_blocks` is
-    null (`engine` defaults to cfg.engine; pass a role's engine in a disagg topology)."""
+    null (`engine` defaults to cfg.engine; pass a role and its engine in a disagg topology)."""
     engine = engine or cfg.engine
     if engine.num_gpu_blocks is not None:
         return engine.num_gpu_blocks
-    return derived_num_gpu_blocks(cfg, engine)
+    return derived_num_gpu_blocks(
+        cfg, engine, "engine" if role == "aggregated" else f"topology.{role}"
+    )
 
 
 def role_engine(cfg: RunConfig, role: str) -> VllmEngineConfig:
@@ -98,13 +98,4 @@ def role_engines(cfg: RunConfig) -> dict[str, VllmEngineConfig]:
             "(topology.decode.enable_prefix_caching / engine.enable_prefix_caching): without "
             "it nothing is resident, so say full_prompt"
         )
-    topo = cfg.topology
-    for k, pair in enumerate(cfg.link.pairs):
-        for side, n in (("prefill", topo.num_prefill_workers), ("decode", topo.num_decode_workers)):
-            bad = [i for i in getattr(pair, f"{side}_workers") or [] if not 0 <= i < n]
-            if bad:
-                raise ValueError(
-                    f"link.pairs[{k}].{side}_workers: {bad} out of range; the {side} pool has "
-                    f"workers 0..{n - 1}"
-                )
     return engines

@@ -404,3 +404,19 @@ class RunConfig(Schema):
 
         role_engines(self)  # raises on a combination the roles cannot share
         return self
+
+    @model_validator(mode="after")
+    def _link_pairs_in_range(self) -> RunConfig:
+        topo = self.topology
+        if not isinstance(topo, DisaggTopology):
+            return self
+        pools = (("prefill", topo.num_prefill_workers), ("decode", topo.num_decode_workers))
+        for k, pair in enumerate(self.link.pairs):
+            for side, n in pools:
+                bad = [i for i in getattr(pair, f"{side}_workers") or [] if not 0 <= i < n]
+                if bad:
+                    raise ValueError(
+                        f"link.pairs[{k}].{side}_workers: {bad} out of range; the {side} pool "
+                        f"has workers 0..{n - 1}"
+                    )
+        return self

@@ -9,6 +9,9 @@ Per pass, with a budget of `max_num_batched_tokens`:
 2. Then, only if nothing was preempted and fewer than `max_num_seqs` run, the head of `waiting`
    (strict FIFO, head-of-line blocking): prefix lookup capped so the last prompt token is always
    recomputed, admission only if the blocks it lacks fit the free blocks, chunked to the budget.
+   A P/D decode rank admits requests whose KV was delivered without a KV check; while a request
+   waits to reserve KV there it admits only those (Dynamo's rule), and when nothing runs they
+   may pass a blocked head.
 3. Full blocks are registered at allocation time, so a later request in the same pass can hit.
 4. At pass end every request that caught up emits one token (all stamped at the pass end);
    a request with its last token (or with zero output) completes and releases its blocks.

@@ -1,7 +1,9 @@
 """An engine worker: the SimPy process that runs one forward pass after another.
 
 The worker sleeps on a wake-up event while it has nothing to do. With work, it lets every event
-of the current instant land first (arrivals join the pass that starts now), asks each of its
+of the current instant land first (arrivals join the pass that starts now; a P/D prefill
+worker with work left at its pass end lets only the instant's transfers and releases land
+before its next pass, as Dynamo does), asks each of its
 scheduler ranks for a batch, prices the pass with the timing model (prefill part + decode
 part), holds for that long, then applies the pass: tokens stamped at the pass end, requests
 completed, blocks released, KV events published.

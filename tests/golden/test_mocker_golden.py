@@ -4,7 +4,7 @@ Each case directory holds a small trace, `case.json` (servesim Hydra overrides a
 exact keyword arguments), and the mocker's `summary.json` and per-request `requests.jsonl`
 (its report_jsonl_path records, trimmed to the fields read here plus a few for debugging;
 regenerate them with tests/golden/mocker/make_fixtures.py, see the README there). Cases a-j
-run aggregated workers, cases k-w prefill/decode disaggregation (P/D).
+run aggregated workers, cases k-y prefill/decode disaggregation (P/D).
 
 For every case servesim is composed from conf/ with Hydra's compose API and simulated, then:
 
@@ -61,7 +61,7 @@ SUMMARY_REL = 1e-6
 SKETCH_REL = 2e-3
 
 # Per-request fields compared when the fixture's records have them (the P/D lifecycle, the
-# prefill worker and decode-side reuse only in the P/D cases k-r).
+# prefill worker and decode-side reuse only in the P/D cases k-y).
 TIME_FIELDS = (
     "arrival_time_ms",
     "first_token_ms",
@@ -125,9 +125,10 @@ COMMITTED = (
 # Cases i and j pin the two details of pass pricing that only show on half-nanosecond ties:
 # a part is kept as seconds rounded to the ns, and the decode polynomial is a*(u*u) + b*u + c.
 
-# Cases s-w are the smallest reproducers of P/D same-instant rules the larger P/D cases first
-# disagreed on (README.md in tests/golden/mocker gives the timelines); servesim now follows the
-# mocker in each, and only committed_prefill_tokens after decode-side preemptions differs.
+# Cases s-y are the smallest reproducers of P/D same-instant rules the larger P/D cases (and a
+# review's fuzzing) first disagreed on (README.md in tests/golden/mocker gives the timelines);
+# servesim now follows the mocker in each, and only committed_prefill_tokens after decode-side
+# preemptions differs.
 PD_COMMITTED = (
     "committed_prefill_tokens after decode-side preemptions: servesim counts a decode "
     "readmission's sequence minus its prefix hit, the mocker counts something else (case t, "
