@@ -28,7 +28,7 @@ from model.cluster.disagg import DisaggCluster
 from model.config.derived import num_gpu_blocks, role_engines, transfer_bytes_per_token
 from model.config.schema import ConcurrencyLoad, DisaggTopology, RunConfig
 from model.metrics.recorder import INCOMPLETE, Recorder
-from model.metrics.summary import summarize
+from model.metrics.summary import summarize, tier_summary
 from model.metrics.tables import (
     kv_events_table,
     kv_table,
@@ -264,6 +264,7 @@ def simulate(cfg: RunConfig) -> Result:
                 recorder.request_terminal(req, INCOMPLETE, stopped_at, not_arrived)
 
     requests = requests_table(recorder)
+    transfers = transfers_table(recorder)
     passes = passes_table(recorder)
     kv = kv_table(recorder)
     wall_ms = (time.perf_counter() - wall_start) * 1000.0
@@ -282,11 +283,13 @@ def simulate(cfg: RunConfig) -> Result:
     summary["skipped_trace_rows"] = workload.skipped.count
     if workload.skipped.count:
         summary["skipped_trace_row_examples"] = workload.skipped.examples
-    if len(kv):
-        used = time_weighted_mean(kv, "used_blocks", activity_end)
+    device_kv = kv[kv["tier"] == "device"] if len(kv) else kv
+    if len(device_kv):
+        used = time_weighted_mean(device_kv, "used_blocks", activity_end)
         capacity = {r.name: r.pool.capacity_blocks for w in cluster.workers for r in w.ranks}
         ratios = [u / capacity[name] for name, u in used.items()]
         summary["mean_kv_used_ratio"] = float(np.mean(ratios))
+    summary.update(tier_summary(cluster.tiers.pools, kv, transfers, activity_end))
     summary["terminal_status_counts"] = {
         k: int(v) for k, v in requests["terminal_status"].value_counts().sort_index().items()
     }
@@ -323,6 +326,6 @@ def simulate(cfg: RunConfig) -> Result:
         passes,
         kv,
         kv_events_table(recorder),
-        transfers_table(recorder),
+        transfers,
         token_times,
     )

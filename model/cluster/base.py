@@ -14,6 +14,7 @@ from model.config.schema import RunConfig, VllmEngineConfig
 from model.engine.vllm import VllmScheduler
 from model.engine.worker import Worker
 from model.kv.block_pool import BlockPool
+from model.kv.tiers import TierBuilder
 from model.metrics.recorder import COMPLETED, REJECTED, Recorder
 from model.timing.base import StepTime
 from model.workload.hashing import BlockHasher
@@ -41,6 +42,7 @@ class ClusterBase:
         self.next_arrival_ms = math.inf
         self.stop_ms = cfg.stop.max_virtual_time_ms or math.inf
         self.workers: list[Worker] = []
+        self.tiers = TierBuilder(env, cfg, recorder)
 
     def build_pool(
         self,
@@ -86,6 +88,11 @@ class ClusterBase:
                 role=role,
                 order=first + k,
             )
+            if self.tiers.enabled:
+                for rank in worker.ranks:
+                    rank.scheduler.tiers = self.tiers.for_rank(worker, rank, engine)
+                # tier copies start and land at pass boundaries: step every pass
+                worker.fast_forward = False
             pool.append(worker)
         self.workers.extend(pool)
         return pool
@@ -112,8 +119,7 @@ class ClusterBase:
         if req.n_admissions == 1:
             req.first_admit_ms = now_ms
             req.first_admission_reused_tokens = reused_tokens
-        if reused_tokens > req.reused_input_tokens:
-            req.reused_input_tokens = reused_tokens
+        req.note_reuse(reused_tokens, req.admit_host_tokens, req.admit_disk_tokens)
 
     def end(self, req: Request, status: str, reason: str = "") -> None:
         req.status = Status.DONE
@@ -133,6 +139,9 @@ class ClusterBase:
         out: list[Request] = []
         for w in self.workers:
             for rank in w.ranks:
-                out.extend(rank.scheduler.running)
-                out.extend(rank.scheduler.waiting)
+                sched = rank.scheduler
+                out.extend(sched.running)
+                out.extend(sched.waiting)
+                out.extend(sched.loading.values())
+                out.extend(sched.loaded)
         return out

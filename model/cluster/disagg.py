@@ -84,6 +84,9 @@ class DisaggCluster(ClusterBase):
             pass_end_pending=self._reservation_pending,
             name="d",
         )
+        for w in self.decode:
+            # blocks a finished tier copy unpinned may let a waiting reservation through
+            w.on_kv_freed = self._retry_reservations
         self.destinations = {
             (w.idx, r.dp_rank): Destination(w, r) for w in self.decode for r in w.ranks
         }
@@ -119,7 +122,7 @@ class DisaggCluster(ClusterBase):
             if req.n_admissions == 1:
                 parent.prefill_admit_ms = parent.first_admit_ms = now_ms
                 parent.first_admission_reused_tokens = reused_tokens
-            parent.reused_input_tokens = max(parent.reused_input_tokens, reused_tokens)
+            parent.note_reuse(reused_tokens, req.admit_host_tokens, req.admit_disk_tokens)
             return
         if req.n_admissions == 1:  # a decode admission
             req.decode_admit_ms = now_ms

@@ -9,7 +9,9 @@ the link is the link's contention model:
 * `fifo_lanes`: `lanes` transfers at a time, each at full line rate; the others queue in
   submission order (a Store served by one SimPy process per lane);
 * `shared`: processor sharing: after its latency, each of the n transfers in flight moves at
-  bandwidth / n (one SimPy process re-plans the next completion whenever n changes).
+  bandwidth / n (one SimPy process re-plans the next completion whenever n changes). With a
+  `group_bandwidth_gbps` (a shared KV tier: one link for the cluster, a cap per worker) a
+  transfer of group g moves at min(bandwidth / n, group_bandwidth / n_g).
 
 A link with no bandwidth (`None`) moves KV instantly. Completions fire in the transfer phase of
 the instant (after pass completions, before arrivals), and each transfer is recorded.
@@ -35,6 +37,7 @@ class Transfer:
     kind: str
     submitted_ms: float
     done: simpy.Event
+    group: int = 0
     started_ms: float = math.nan
     remaining_bytes: float = 0.0
     ends: list[float] = field(default_factory=list)
@@ -52,6 +55,7 @@ class Link:
         contention: str,
         recorder: Recorder,
         lanes: int = 1,
+        group_bandwidth_gbps: float | None = None,
     ) -> None:
         self.env = env
         self.name = name
@@ -60,6 +64,9 @@ class Link:
         self.latency_ms = latency_ms
         self.contention = contention
         self.recorder = recorder
+        self.group_bytes_per_ms = (
+            None if group_bandwidth_gbps is None else group_bandwidth_gbps * 1e6
+        )
         self.n_in_flight = 0
         if contention == "fifo_lanes" and self.bytes_per_ms is not None:
             self.queue: simpy.Store = simpy.Store(env)
@@ -79,10 +86,13 @@ class Link:
             return 0.0
         return self.latency_ms + n_bytes / (self.bandwidth_gbps * 1e9) * 1000
 
-    def submit(self, request_id: str, n_bytes: int, n_tokens: int, kind: str) -> simpy.Event:
-        """Start moving `n_bytes`; the returned event fires when they have arrived."""
+    def submit(
+        self, request_id: str, n_bytes: int, n_tokens: int, kind: str, group: int = 0
+    ) -> simpy.Event:
+        """Start moving `n_bytes` (for `group`, e.g. a worker, on a shared tier link); the
+        returned event fires when they have arrived."""
         env = self.env
-        job = Transfer(request_id, n_bytes, n_tokens, kind, env.now, env.event())
+        job = Transfer(request_id, n_bytes, n_tokens, kind, env.now, env.event(), group=group)
         self.n_in_flight += 1
         if self.bytes_per_ms is None or self.contention == "per_request":
             job.started_ms = env.now
@@ -139,13 +149,26 @@ class Link:
         self.sharing.append(job)
         self._wake_sharing()
 
+    def _rates(self) -> list[float]:
+        """Bytes per ms of each sharing transfer: an equal share of the link, capped by an
+        equal share of its group's bandwidth when the link has one."""
+        sharing = self.sharing
+        share = self.bytes_per_ms / len(sharing)  # type: ignore[operator]
+        group_bpm = self.group_bytes_per_ms
+        if group_bpm is None:
+            return [share] * len(sharing)
+        counts: dict[int, int] = {}
+        for job in sharing:
+            counts[job.group] = counts.get(job.group, 0) + 1
+        return [min(share, group_bpm / counts[job.group]) for job in sharing]
+
     def _advance(self) -> None:
         """Move every sharing transfer forward to now at its share of the bandwidth."""
         now = self.env.now
         if self.sharing:
-            moved = (now - self._last_ms) * self.bytes_per_ms / len(self.sharing)  # type: ignore[operator]
-            for job in self.sharing:
-                job.remaining_bytes -= moved
+            dt = now - self._last_ms
+            for job, rate in zip(self.sharing, self._rates(), strict=True):
+                job.remaining_bytes -= dt * rate
         self._last_ms = now
 
     def _wake_sharing(self) -> None:
@@ -161,9 +184,13 @@ class Link:
                 yield self._changed
                 self._changed = env.event()
                 continue
-            n = len(self.sharing)
-            first = min(self.sharing, key=lambda j: j.remaining_bytes)
-            end = env.now + max(0.0, first.remaining_bytes) * n / self.bytes_per_ms  # type: ignore[operator]
+            rates = self._rates()
+            left, k = min(
+                (max(0.0, j.remaining_bytes) / r, k)
+                for k, (j, r) in enumerate(zip(self.sharing, rates, strict=True))
+            )
+            first = self.sharing[k]
+            end = env.now + left
             # one wake-up event for both causes, so the process resumes in the transfer phase
             # (a condition `timer | changed` would resume in SimPy's normal phase, after a
             # prefill worker's next pass has started); a superseded timer wakes nobody

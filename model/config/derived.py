@@ -99,3 +99,53 @@ def role_engines(cfg: RunConfig) -> dict[str, VllmEngineConfig]:
             "it nothing is resident, so say full_prompt"
         )
     return engines
+
+
+def cache_layout(cfg: RunConfig, engine: VllmEngineConfig) -> tuple[int, int]:
+    """A worker's physical KV layout: (block size, KV bytes per token on one GPU of its TP
+    group). Workers may share a host or disk pool only when this is identical; it is the
+    model's geometry, whatever a P/D link charges per token."""
+    return engine.block_size, kv_bytes_per_token(cfg.llm) // engine.tp_size
+
+
+def kv_block_bytes(cfg: RunConfig, engine: VllmEngineConfig) -> int:
+    """Bytes of one KV block of a worker (all its TP shards): what a tier copy moves."""
+    return engine.block_size * kv_bytes_per_token(cfg.llm)
+
+
+def check_kv_tiers(cfg: RunConfig) -> None:
+    """The rules for host (G2) and disk (G3) tiers; each error names the rule."""
+    host = cfg.kv_cache.host_offload
+    disk = cfg.kv_cache.disk
+    if disk.num_g3_blocks is not None and host.num_host_blocks is None:
+        raise ValueError(
+            "kv_cache.disk.num_g3_blocks needs kv_cache.host_offload.num_host_blocks: a G3 "
+            "block is restored by staging it in G2, so G3 requires G2"
+        )
+    if host.num_host_blocks is None:
+        return
+    engines = role_engines(cfg)
+    for role, engine in engines.items():
+        if not engine.enable_prefix_caching:
+            where = "engine" if role == "aggregated" else f"topology.{role} / engine"
+            raise ValueError(
+                f"kv_cache.host_offload needs prefix caching ({where}.enable_prefix_caching="
+                "true): host blocks are found by their content hash"
+            )
+    shared = [
+        name
+        for name, scope in (
+            ("kv_cache.host_offload", host.scope),
+            ("kv_cache.disk", disk.scope if disk.num_g3_blocks is not None else ""),
+        )
+        if scope == "cluster_shared"
+    ]
+    layouts = {role: cache_layout(cfg, engine) for role, engine in engines.items()}
+    if shared and len(set(layouts.values())) > 1:
+        found = ", ".join(
+            f"{role}: block_size {b} x {bpt} B/token per GPU" for role, (b, bpt) in layouts.items()
+        )
+        raise ValueError(
+            f"{shared[0]}.scope=cluster_shared needs one physical KV layout on every worker "
+            f"that shares the pool (block size x KV bytes per token per GPU); found {found}"
+        )

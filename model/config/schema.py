@@ -255,6 +255,56 @@ class RandomRouter(Schema):
 RouterConfig = Annotated[RoundRobinRouter | RandomRouter, Field(discriminator="kind")]
 
 
+# --------------------------------------------------------------------------- KV tiers
+
+
+class HostOffloadConfig(Schema):
+    """G2: a host-memory KV pool under each rank's HBM pool (vLLM's OffloadingConnector)."""
+
+    num_host_blocks: int | None = Field(
+        None, gt=0, description="host blocks per pool (of the engine's block size); null = off"
+    )
+    scope: Literal["dp_rank_local", "cluster_shared"] = Field(
+        "dp_rank_local", description="one pool per scheduler rank, or one for the cluster"
+    )
+    d2h_bandwidth_gbps: NonNegFloat = Field(
+        32.0, description="GPU -> host, decimal GB/s; 0 = instant"
+    )
+    h2d_bandwidth_gbps: NonNegFloat = Field(
+        32.0, description="host -> GPU, decimal GB/s; 0 = instant"
+    )
+    latency_to_first_byte_ms: NonNegFloat = 0.0
+    shared_d2h_bandwidth_gbps: NonNegFloat = Field(
+        80.0, description="cluster_shared: the pool's total GPU -> host bandwidth; 0 = unlimited"
+    )
+    shared_h2d_bandwidth_gbps: NonNegFloat = Field(
+        80.0, description="cluster_shared: the pool's total host -> GPU bandwidth; 0 = unlimited"
+    )
+
+
+class DiskConfig(Schema):
+    """G3: a disk (or network storage) KV pool under G2, restored through G2."""
+
+    num_g3_blocks: int | None = Field(None, gt=0, description="disk blocks per pool; null = off")
+    scope: Literal["worker_local", "cluster_shared"] = "worker_local"
+    latency_to_first_byte_ms: NonNegFloat = 0.1
+    read_bandwidth_gbps: NonNegFloat = Field(10.0, description="per worker; 0 = instant")
+    write_bandwidth_gbps: NonNegFloat = Field(10.0, description="per worker; 0 = instant")
+    shared_read_bandwidth_gbps: NonNegFloat = Field(
+        80.0, description="cluster_shared: total read bandwidth; 0 = unlimited"
+    )
+    shared_write_bandwidth_gbps: NonNegFloat = Field(
+        80.0, description="cluster_shared: total write bandwidth; 0 = unlimited"
+    )
+
+
+class KvCacheConfig(Schema):
+    """KV tiers below each rank's HBM pool (G1): host (G2) and disk (G3)."""
+
+    host_offload: HostOffloadConfig = HostOffloadConfig()
+    disk: DiskConfig = DiskConfig()
+
+
 # --------------------------------------------------------------------------- workload and load
 
 
@@ -394,6 +444,7 @@ class RunConfig(Schema):
     workload: WorkloadConfig
     load: LoadConfig = TraceLoad()
     link: LinkConfig = LinkConfig()
+    kv_cache: KvCacheConfig = KvCacheConfig()
     slo: SloConfig = SloConfig()
     stop: StopConfig = StopConfig()
     output: OutputConfig = OutputConfig()
@@ -403,6 +454,13 @@ class RunConfig(Schema):
         from model.config.derived import role_engines  # derived sizes live there
 
         role_engines(self)  # raises on a combination the roles cannot share
+        return self
+
+    @model_validator(mode="after")
+    def _tiers_supported(self) -> RunConfig:
+        from model.config.derived import check_kv_tiers  # the rules live with the geometry
+
+        check_kv_tiers(self)
         return self
 
     @model_validator(mode="after")

@@ -16,6 +16,11 @@ Per pass, with a budget of `max_num_batched_tokens`:
 4. At pass end every request that caught up emits one token (all stamped at the pass end);
    a request with its last token (or with zero output) completes and releases its blocks.
 
+With KV tiers (`model.kv.tiers`), an admission whose prefix continues in G2 (or G3) leaves the
+queue while those blocks are copied to G1 (its G1 blocks for the whole prompt taken at once), and
+once they land it is admitted before anything in `waiting`, with what G1 and the copy hold as
+its cached prefix.
+
 A request whose prompt can never fit (`>= max_model_len`, or more blocks than the pool) is
 rejected with a reason rather than queued forever.
 """
@@ -24,11 +29,15 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from model.config.schema import VllmEngineConfig
 from model.kv.block_pool import BlockPool
 from model.workload.hashing import BlockHasher
 from model.workload.request import Request, Status
+
+if TYPE_CHECKING:
+    from model.kv.tiers import RankTiers
 
 OK = 0
 BLOCKED = -1
@@ -97,6 +106,11 @@ class VllmScheduler:
         self.running: list[Request] = []
         # a decode rank's requests waiting to reserve KV for a transfer, in acceptance order
         self.pending_reservations: deque[Request] = deque()
+        # KV tiers below this rank's pool (None: HBM only); requests whose prefix is being
+        # copied in from them (by index), and those whose copy landed, in landing order
+        self.tiers: RankTiers | None = None
+        self.loading: dict[int, Request] = {}
+        self.loaded: deque[Request] = deque()
         self.n_preemptions = 0
         # tokens each admission set out to compute (its sequence minus its prefix hit)
         self.n_committed_prefill_tokens = 0
@@ -108,7 +122,7 @@ class VllmScheduler:
         self.waiting.append(req)
 
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting)
+        return bool(self.running or self.waiting or self.loading or self.loaded)
 
     # ------------------------------------------------------------------ blocks
 
@@ -209,7 +223,7 @@ class VllmScheduler:
         """
         running = self.running
         n = len(running)
-        if self.waiting or n == 0 or n > self.cfg.max_num_batched_tokens:
+        if self.waiting or self.loaded or n == 0 or n > self.cfg.max_num_batched_tokens:
             return [], []
         bs = self.block_size
         max_len = self.cfg.max_model_len
@@ -315,6 +329,10 @@ class VllmScheduler:
         pool = self.pool
         waiting = self.waiting
         running = self.running
+        if self.loaded:
+            budget = self._admit_loaded(batch, budget, now_ms)
+            if self.loaded or batch.n_preempted:
+                return
         if self.pending_reservations:
             # a request waits to reserve KV here: as in Dynamo, nothing that needs fresh KV
             # (a request preempted here) is admitted before it; delivered requests still are
@@ -374,10 +392,13 @@ class VllmScheduler:
                     )
                 )
                 continue
+            if self.tiers is not None and self._start_load(req, hashes, hit, seq):
+                continue  # it waits for its blocks out of the queue; the next one may go
             if (not cfg.enable_chunked_prefill and req.input_length - cached > budget) or (
                 budget == 0 and seq > cached
             ):
                 break  # no room in this pass; checked before any block is pinned
+            req.admit_host_tokens = req.admit_disk_tokens = 0
             if hit:
                 pool.acquire(req, hashes[:hit])
             preempted = batch.n_preempted
@@ -393,6 +414,71 @@ class VllmScheduler:
             budget -= n
             if batch.n_preempted != preempted or (n == 0 and budget == 0):
                 break
+
+    def _start_load(self, req: Request, hashes: list[int], hit: int, seq: int) -> bool:
+        """If the prefix after the G1 hit continues in G2/G3, take G1 blocks for the whole
+        sequence, start the copy and take `req` out of `waiting` (True). The caller has checked
+        that the blocks fit."""
+        assert self.tiers is not None
+        bs = self.block_size
+        stop = (seq - 1) // bs if req.num_output_tokens < req.output_length else seq // bs
+        stop = min(stop, len(hashes))
+        if stop <= hit:
+            return False
+        n_host, n_disk = self.tiers.lookup(hashes, hit, stop)
+        if n_host + n_disk == 0:
+            return False
+        pool = self.pool
+        if hit:
+            pool.acquire(req, hashes[:hit])
+        if not pool.allocate(req, -(-seq // bs) - hit):  # pragma: no cover - checked by caller
+            raise RuntimeError(f"load check passed but allocation failed for {req}")
+        keys = hashes[hit : hit + n_host + n_disk]
+        n_disk = self.tiers.load(req, keys[:n_host], keys[n_host:], self._landing(req, hit))
+        self.waiting.popleft()
+        req.status = Status.LOADING
+        self.loading[req.idx] = req
+        return True
+
+    def _landing(self, req: Request, hit: int) -> Callable[[int, int], None]:
+        def landed(n_host: int, n_disk: int) -> None:
+            """The copy is in G1 (now, between passes): register its blocks, queue `req`
+            ahead of the waiting requests."""
+            n = n_host + n_disk
+            self.pool.register_many(req, req.prompt_hashes[hit : hit + n])
+            del self.loading[req.idx]
+            req.status = Status.WAITING
+            req.loaded_blocks = hit + n
+            req.admit_host_tokens = n_host * self.block_size
+            req.admit_disk_tokens = n_disk * self.block_size
+            self.loaded.append(req)
+
+        return landed
+
+    def _admit_loaded(self, batch: Batch, budget: int, now_ms: float) -> int:
+        """Admit requests whose tier copy landed, in landing order (their blocks are taken):
+        each needs a free seat and, unless fully cached, budget."""
+        loaded = self.loaded
+        bs = self.block_size
+        while loaded and len(self.running) < self.cfg.max_num_seqs:
+            req = loaded[0]
+            cached = req.loaded_blocks * bs
+            seq = req.seq_len
+            if budget == 0 and seq > cached:
+                break
+            n = self._schedule_tokens(req, batch, budget, cached)
+            if n == BLOCKED:  # (no chunked prefill) its rest needs a pass with more budget
+                break
+            if n < 0:  # pragma: no cover - its blocks were taken when the copy started
+                raise RuntimeError(f"loaded {req} preempted itself")
+            loaded.popleft()
+            req.status = Status.RUNNING
+            req.n_admissions += 1
+            self.running.append(req)
+            self.n_committed_prefill_tokens += seq - cached
+            self.on_admit(req, cached, now_ms)
+            budget -= n
+        return budget
 
     def _admit_materialized(self, req: Request, batch: Batch, now_ms: float) -> None:
         """KV delivered by a transfer: straight to running, no KV check, no budget; it decodes

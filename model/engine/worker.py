@@ -99,6 +99,9 @@ class Worker:
         # landing, a source to release) wait for the pass end
         self.busy = False
         self._deferred: list[Callable[[], None]] = []
+        # called between passes when blocks were given back outside a pass (a tier copy
+        # landed); a P/D decode worker retries its reservations there
+        self.on_kv_freed: Callable[[Worker], None] | None = None
         self._wake: simpy.Event | None = None
         self.process = env.process(self.run())
 
@@ -142,6 +145,14 @@ class Worker:
                         now, rank.name, self.idx, rank.dp_rank, kind, "device", h, self.order
                     )
             self._sample_kv(rank, now)
+
+    def kv_freed(self) -> None:
+        """Blocks went back between passes (a tier copy landed): record, then let what waits
+        for them try."""
+        self.sample_kv()
+        if self.on_kv_freed is not None:
+            self.on_kv_freed(self)
+        self.wake()
 
     def has_work(self) -> bool:
         return any(r.scheduler.has_work() for r in self.ranks)
@@ -266,6 +277,9 @@ class Worker:
         for rank, batch in zip(self.ranks, batches, strict=True):
             if not (batch.items or batch.rejected or batch.n_preempted):
                 continue  # an idle rank waits out the pass; it records nothing
+            tiers = rank.scheduler.tiers
+            if tiers is not None:  # before finished requests let go of their blocks
+                tiers.store_pass(batch)
             finished, emitted = rank.scheduler.finish(batch)
             done.extend(finished)
             for req in emitted:

@@ -218,6 +218,26 @@ class BlockPool:
         req.held_private_blocks = 0
         self.generation += 1
 
+    def pin(self, keys: list[Key]) -> None:
+        """Hold blocks (active ones, by key) for a copy out of this pool: they stay active
+        whoever else lets go of them, until `unpin`."""
+        refcount = self.refcount
+        for key in keys:
+            refcount[key] += 1
+
+    def unpin(self, keys: list[Key]) -> None:
+        """A copy out of this pool landed: its blocks go back (cached when nobody holds them)."""
+        refcount = self.refcount
+        inactive = self.inactive
+        for key in reversed(keys):
+            c = refcount[key]
+            if c == 1:
+                del refcount[key]
+                inactive[key] = None
+            else:
+                refcount[key] = c - 1
+        self.generation += 1
+
     def take_events(self) -> list[tuple[str, int]]:
         events = self.pending_events
         self.pending_events = []

@@ -29,6 +29,9 @@ REQUEST_COLUMNS = (
     "requested_output_length",
     "output_length",
     "reused_input_tokens",
+    "g1_reused_input_tokens",
+    "host_reused_input_tokens",
+    "disk_reused_input_tokens",
     "first_admission_reused_input_tokens",
     "prefill_worker_idx",
     "decode_worker_idx",
@@ -66,12 +69,22 @@ TRANSFER_COLUMNS = (
     "request_id",
     "link",
     "kind",
+    "src_tier",
+    "dst_tier",
     "submit_ms",
     "start_ms",
     "end_ms",
     "bytes",
     "tokens",
 )
+# what each kind of copy moves between: P/D handoffs GPU to GPU, tier copies
+TRANSFER_TIERS = {
+    "pd": ("device", "device"),
+    "d2h": ("device", "host"),
+    "h2d": ("host", "device"),
+    "g2_to_g3": ("host", "disk"),
+    "g3_to_g2": ("disk", "host"),
+}
 KV_EVENT_COLUMNS = (
     "t_ms",
     "pool",
@@ -162,6 +175,11 @@ class Recorder:
                 req.output_length,
                 n,
                 req.reused_input_tokens,
+                req.reused_input_tokens
+                - req.host_reused_input_tokens
+                - req.disk_reused_input_tokens,
+                req.host_reused_input_tokens,
+                req.disk_reused_input_tokens,
                 req.first_admission_reused_tokens,
                 req.prefill_worker_idx if req.prefill_worker_idx >= 0 else None,
                 worker,
@@ -238,8 +256,9 @@ class Recorder:
         n_bytes: int,
         n_tokens: int,
     ) -> None:
+        src, dst = TRANSFER_TIERS[kind]
         self.transfers.append(
-            (request_id, link, kind, submit_ms, start_ms, end_ms, n_bytes, n_tokens)
+            (request_id, link, kind, src, dst, submit_ms, start_ms, end_ms, n_bytes, n_tokens)
         )
 
     def kv_event(

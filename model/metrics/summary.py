@@ -21,6 +21,7 @@ import pandas as pd
 
 from model.config.schema import SloConfig
 from model.metrics.recorder import COMPLETED, INCOMPLETE, REJECTED
+from model.metrics.tables import time_weighted_mean
 
 STAT_KEYS = ("mean", "min", "max", "median", "p75", "p90", "p95", "p99", "std")
 PERCENTILES = {"median": 50, "p75": 75, "p90": 90, "p95": 95, "p99": 99}
@@ -69,6 +70,9 @@ def summarize(
     total_out = int(done["output_length"].sum())
     # the most reuse any admission of the request saw, prefill or decode side
     reused = int(np.maximum(done["reused_input_tokens"], done["decode_reused_input_tokens"]).sum())
+    # by tier: the G2 and G3 parts of the admission that reused the most; G1 the rest
+    host_reused = int(done["host_reused_input_tokens"].sum())
+    disk_reused = int(done["disk_reused_input_tokens"].sum())
     first_reused = int(done["first_admission_reused_input_tokens"].sum())
     wall_s = max(wall_time_ms / 1000.0, 1e-9)
     prefill_seconds = prefill_workers * duration_s
@@ -109,6 +113,12 @@ def summarize(
         "processed_output_tokens_per_s": total_out / wall_s,
         "prefix_cache_reused_ratio": reused / total_in if total_in else 0.0,
         "first_admission_prefix_cache_reused_ratio": first_reused / total_in if total_in else 0.0,
+        "g1_reused_input_tokens": reused - host_reused - disk_reused,
+        "host_reused_input_tokens": host_reused,
+        "disk_reused_input_tokens": disk_reused,
+        "g1_reused_ratio": (reused - host_reused - disk_reused) / total_in if total_in else 0.0,
+        "host_reused_ratio": host_reused / total_in if total_in else 0.0,
+        "disk_reused_ratio": disk_reused / total_in if total_in else 0.0,
         "num_ttft_samples": int(len(ttft)),
         "num_tpot_samples": int(len(tpot)),
         "num_e2e_latency_samples": int(len(e2e)),
@@ -142,3 +152,32 @@ def goodput_mask(done: pd.DataFrame, slo: SloConfig) -> pd.Series:
         itl = (done["e2e_latency_ms"] - done["ttft_ms"]) / (n - 1).where(n > 1)
         good &= (n <= 1) | (itl <= slo.itl_ms)
     return good
+
+
+TIER_COPIES = ("d2h", "h2d", "g2_to_g3", "g3_to_g2")
+
+
+def tier_summary(
+    pools: Sequence[Any], kv: pd.DataFrame, transfers: pd.DataFrame, end_ms: float
+) -> dict[str, Any]:
+    """Bytes moved per tier direction, and per tier (host, disk) the time-weighted mean of
+    occupied / capacity over the pools and [0, end_ms], evictions and blocks dropped."""
+    out: dict[str, Any] = {}
+    kinds = transfers.groupby("kind")["bytes"].sum() if len(transfers) else pd.Series(dtype=int)
+    for kind in TIER_COPIES:
+        out[f"{kind}_bytes"] = int(kinds.get(kind, 0))
+    for tier in ("host", "disk"):
+        mine = [p for p in pools if p.tier == tier]
+        rows = kv[kv["tier"] == tier] if len(kv) else kv
+        if not mine:
+            out[f"mean_{tier}_used_ratio"] = None
+            out[f"{tier}_evicted_blocks"] = 0
+            out[f"{tier}_dropped_blocks"] = 0
+            continue
+        used = time_weighted_mean(rows, "used_blocks", end_ms) if len(rows) else pd.Series()
+        out[f"mean_{tier}_used_ratio"] = float(
+            np.mean([used.get(p.name, 0.0) / p.capacity_blocks for p in mine])
+        )
+        out[f"{tier}_evicted_blocks"] = sum(p.n_evicted for p in mine)
+        out[f"{tier}_dropped_blocks"] = sum(p.n_dropped for p in mine)
+    return out

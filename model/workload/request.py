@@ -18,6 +18,7 @@ class Status:
     WAITING = 1  # queued on a worker
     RUNNING = 2
     DONE = 3
+    LOADING = 4  # its prefix is being copied into G1 from a lower tier
 
 
 class Request:
@@ -45,6 +46,12 @@ class Request:
         "prefilling",
         "n_preemptions",
         "n_admissions",
+        # KV tiers: prompt blocks already copied to G2; an admission's reuse by tier; the G1
+        # blocks a finished G2/G3 load brought (cached blocks of its coming admission)
+        "host_cursor",
+        "admit_host_tokens",
+        "admit_disk_tokens",
+        "loaded_blocks",
         # P/D: the prefill copy holds its KV after finishing; the decode request arrives with
         # its prompt's KV already in place (materialized)
         "hold_kv",
@@ -61,6 +68,8 @@ class Request:
         "terminal_ms",
         "token_times_ms",
         "reused_input_tokens",
+        "host_reused_input_tokens",
+        "disk_reused_input_tokens",
         "first_admission_reused_tokens",
         "prefill_worker_idx",
         "prefill_dp_rank",
@@ -109,6 +118,10 @@ class Request:
         self.prefilling = True
         self.n_preemptions = 0
         self.n_admissions = 0
+        self.host_cursor = 0
+        self.admit_host_tokens = 0
+        self.admit_disk_tokens = 0
+        self.loaded_blocks = 0
         self.hold_kv = False
         self.materialized = False
         self.accept_seq = 0
@@ -123,6 +136,8 @@ class Request:
         self.terminal_ms = float("nan")
         self.token_times_ms: array[float] | None = None
         self.reused_input_tokens = 0
+        self.host_reused_input_tokens = 0
+        self.disk_reused_input_tokens = 0
         self.first_admission_reused_tokens = 0
         self.prefill_worker_idx = -1
         self.prefill_dp_rank = -1
@@ -160,6 +175,14 @@ class Request:
         copy.parent = self
         copy.arrival_ms = self.arrival_ms
         return copy
+
+    def note_reuse(self, reused_tokens: int, host_tokens: int, disk_tokens: int) -> None:
+        """An admission reused `reused_tokens` (of which `host_tokens` came from G2 and
+        `disk_tokens` from G3): the record keeps the admission that reused the most."""
+        if reused_tokens > self.reused_input_tokens:
+            self.reused_input_tokens = reused_tokens
+            self.host_reused_input_tokens = host_tokens
+            self.disk_reused_input_tokens = disk_tokens
 
     def __repr__(self) -> str:
         return (

@@ -1,0 +1,497 @@
+"""KV tiers below HBM: the G2 host pool and the G3 disk pool, and the copies between tiers.
+
+Modelled on vLLM's OffloadingConnector (as Dynamo's native host offload and AISimulate describe
+it):
+
+* **Store (G1 -> G2).** At each pass end, the prompt blocks a request completed since its last
+  store (a cursor kept across preemptions) go to G2 as one copy. G2 admits only the blocks it
+  lacks, evicting its least recently used unpinned blocks (what does not fit is dropped); the
+  G1 source blocks stay pinned until the copy lands. With G3, blocks that land in G2 are written
+  behind to G3 the same way (G2 source pinned until the write lands).
+* **Load (G2 -> G1).** At admission, after the G1 prefix lookup, the consecutive blocks after the
+  G1 prefix found in G2 (then in G3) are a hit: the scheduler takes G1 blocks for the whole
+  prompt, the request leaves the waiting queue, G3 hits are staged into G2 (G3 -> G2), then every
+  hit is copied G2 -> G1; when it lands the blocks are registered in G1 and the request is
+  admitted ahead of the waiting queue at the next pass.
+* **Timing.** Copies use `model.cluster.link.Link`: a private G2 has one FIFO lane per direction
+  (a copy starts when the one before it ends); a cluster-shared G2, and every G3, share bandwidth
+  by processor sharing, a copy's rate being min(pool bandwidth / copies in flight, worker
+  bandwidth / that worker's copies in flight). Reads and writes use separate links.
+
+Every G2/G3 change is recorded at once: `kv` levels (tier `host` / `disk`; `used_blocks` counts
+resident and incoming blocks, `cached_blocks` the evictable ones) and `stored` / `removed` KV
+events.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import simpy
+
+from model.cluster.link import Link
+from model.config.derived import kv_block_bytes
+from model.config.schema import RunConfig, VllmEngineConfig
+from model.kv.block_pool import REMOVED, STORED
+from model.metrics.recorder import Recorder
+from model.workload.request import Request
+
+if TYPE_CHECKING:
+    from model.engine.vllm import Batch
+    from model.engine.worker import Rank, Worker
+
+HOST = "host"
+DISK = "disk"
+
+
+class TierPool:
+    """Blocks of one lower tier, by content hash: resident (LRU order, oldest first), incoming
+    (a copy into this tier in flight: room taken, not yet readable) and pins (held by a copy out
+    of this tier; never evicted)."""
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        name: str,
+        tier: str,
+        capacity_blocks: int,
+        recorder: Recorder,
+        record_events: bool,
+        worker: int = -1,
+        dp_rank: int = 0,
+        order: int = 0,
+    ) -> None:
+        self.env = env
+        self.name = name
+        self.tier = tier
+        self.capacity_blocks = capacity_blocks
+        self.recorder = recorder
+        self.record_events = record_events
+        self.worker = worker
+        self.dp_rank = dp_rank
+        self.order = order
+        self.resident: OrderedDict[int, None] = OrderedDict()
+        self.incoming: set[int] = set()
+        self.pins: dict[int, int] = {}
+        self.n_admitted = 0  # blocks that landed here
+        self.n_evicted = 0
+        self.n_dropped = 0  # blocks a copy could not find room for
+        self._level = (-1, -1)
+
+    @property
+    def free_blocks(self) -> int:
+        return self.capacity_blocks - len(self.resident) - len(self.incoming)
+
+    def lookup(self, keys: list[int]) -> int:
+        """How many leading `keys` are resident (readable)."""
+        n = 0
+        for k in keys:
+            if k not in self.resident:
+                break
+            n += 1
+        return n
+
+    def touch(self, keys: list[int]) -> None:
+        """Mark `keys` recently used; the first key ends up the most recent (a prefix outlives
+        its suffix)."""
+        resident = self.resident
+        for k in reversed(keys):
+            if k in resident:
+                resident.move_to_end(k)
+
+    def reserve(self, keys: list[int]) -> list[int]:
+        """Take room for the `keys` this tier lacks (in order, each once), evicting least
+        recently used unpinned blocks; returns those admitted, the rest are dropped."""
+        resident = self.resident
+        incoming = self.incoming
+        seen: set[int] = set()
+        missing = []
+        for k in keys:
+            if k in resident or k in incoming or k in seen:
+                continue
+            seen.add(k)
+            missing.append(k)
+        self.touch(keys)
+        if not missing:
+            return []
+        short = len(missing) - self.free_blocks
+        if short > 0:
+            self._evict(short)
+            fit = max(0, self.free_blocks)
+            self.n_dropped += len(missing) - fit
+            missing = missing[:fit]
+        incoming.update(missing)
+        self._sample()
+        return missing
+
+    def _evict(self, n: int) -> None:
+        pins = self.pins
+        victims = []
+        for k in self.resident:
+            if k not in pins:
+                victims.append(k)
+                if len(victims) == n:
+                    break
+        for k in victims:
+            del self.resident[k]
+            self._event(REMOVED, k)
+        self.n_evicted += len(victims)
+
+    def land(self, keys: list[int]) -> None:
+        """A copy into this tier arrived: its blocks become resident (most recent)."""
+        for k in keys:
+            self.incoming.discard(k)
+            self.resident[k] = None
+            self._event(STORED, k)
+        self.n_admitted += len(keys)
+        self.touch(keys)
+        self._sample()
+
+    def pin(self, keys: list[int]) -> None:
+        pins = self.pins
+        for k in keys:
+            pins[k] = pins.get(k, 0) + 1
+        self._sample()
+
+    def unpin(self, keys: list[int]) -> None:
+        pins = self.pins
+        for k in keys:
+            c = pins[k] - 1
+            if c:
+                pins[k] = c
+            else:
+                del pins[k]
+        self._sample()
+
+    def _event(self, kind: str, h: int) -> None:
+        if self.record_events:
+            self.recorder.kv_event(
+                self.env.now, self.name, self.worker, self.dp_rank, kind, self.tier, h, self.order
+            )
+
+    def _sample(self) -> None:
+        used = len(self.resident) + len(self.incoming)
+        cached = len(self.resident) - sum(1 for k in self.pins if k in self.resident)
+        level = (used, cached)
+        if level != self._level:
+            self._level = level
+            self.recorder.kv_level(
+                self.env.now, self.name, self.tier, used, cached, self.worker, self.dp_rank
+            )
+
+
+class RankTiers:
+    """What one scheduler rank offloads to: its G2 pool (own or shared), G3 if configured, and
+    the links between them. The rank's worker runs every change to its engine (`Worker.apply`)."""
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        block_bytes: int,
+        block_size: int,
+        g2: TierPool,
+        d2h: Link,
+        h2d: Link,
+        g3: TierPool | None = None,
+        g2_to_g3: Link | None = None,
+        g3_to_g2: Link | None = None,
+    ) -> None:
+        self.env = env
+        self.block_bytes = block_bytes
+        self.block_size = block_size
+        self.g2 = g2
+        self.d2h = d2h
+        self.h2d = h2d
+        self.g3 = g3
+        self.g2_to_g3 = g2_to_g3
+        self.g3_to_g2 = g3_to_g2
+        self.worker: Worker | None = None
+        self.rank: Rank | None = None
+
+    # ------------------------------------------------------------------ G1 -> G2 (-> G3)
+
+    def store_pass(self, batch: Batch) -> None:
+        """At a pass end (before finished requests let go of their blocks): copy each
+        request's newly completed prompt blocks to G2."""
+        bs = self.block_size
+        seen: set[int] = set()
+        for req, _n, _p, _b in batch.items:
+            if req.idx in seen:
+                continue
+            seen.add(req.idx)
+            n_full = min(req.num_computed_tokens, req.input_length) // bs
+            start = req.host_cursor
+            if n_full <= start:
+                continue
+            req.host_cursor = n_full
+            self._store(req, start, n_full)
+
+    def _store(self, req: Request, start: int, stop: int) -> None:
+        keys = req.prompt_hashes[start:stop]
+        admitted = self.g2.reserve(keys)
+        if not admitted:
+            return
+        wanted = set(admitted)
+        g1_keys = [req.held_hashes[j] for j in range(start, stop) if keys[j - start] in wanted]
+        assert self.rank is not None and self.worker is not None
+        pool = self.rank.pool
+        pool.pin(g1_keys)
+        worker = self.worker
+        done = self.d2h.submit(
+            req.request_id,
+            len(admitted) * self.block_bytes,
+            len(admitted) * self.block_size,
+            "d2h",
+            worker.idx,
+        )
+
+        def landed(_: simpy.Event) -> None:
+            def apply() -> None:
+                self.g2.land(admitted)
+                pool.unpin(g1_keys)
+                worker.kv_freed()
+                self._write_behind(req.request_id, admitted)
+
+            worker.apply(apply)
+
+        done.callbacks.append(landed)
+
+    def _write_behind(self, request_id: str, keys: list[int]) -> None:
+        g3 = self.g3
+        if g3 is None or self.g2_to_g3 is None:
+            return
+        admitted = g3.reserve(keys)
+        if not admitted:
+            return
+        self.g2.pin(admitted)
+        assert self.worker is not None
+        done = self.g2_to_g3.submit(
+            request_id,
+            len(admitted) * self.block_bytes,
+            len(admitted) * self.block_size,
+            "g2_to_g3",
+            self.worker.idx,
+        )
+
+        def landed(_: simpy.Event) -> None:
+            g3.land(admitted)
+            self.g2.unpin(admitted)
+
+        done.callbacks.append(landed)
+
+    # ------------------------------------------------------------------ G2 (G3) -> G1
+
+    def lookup(self, hashes: list[int], start: int, stop: int) -> tuple[int, int]:
+        """Blocks after the G1 prefix (`hashes[start:stop]`) found in G2, then consecutive
+        blocks after those found in G3 (and not already on their way into G2)."""
+        keys = hashes[start:stop]
+        n_host = self.g2.lookup(keys)
+        n_disk = 0
+        g3 = self.g3
+        if g3 is not None:
+            incoming = self.g2.incoming
+            for k in keys[n_host:]:
+                if k not in g3.resident or k in incoming:
+                    break
+                n_disk += 1
+        return n_host, n_disk
+
+    def load(
+        self,
+        req: Request,
+        host_keys: list[int],
+        disk_keys: list[int],
+        landed: Callable[[int, int], None],
+    ) -> int:
+        """Start bringing `host_keys` (in G2) and `disk_keys` (in G3) to G1 for `req`; returns
+        how many G3 blocks G2 could take (the others are recomputed). `landed(n_host, n_disk)`
+        runs on the rank's worker when the blocks are in G1."""
+        g2 = self.g2
+        g2.pin(host_keys)
+        staged = g2.reserve(disk_keys) if disk_keys else []
+        # only a leading run of the G3 hits can follow the G2 ones
+        n_disk = 0
+        for a, b in zip(staged, disk_keys, strict=False):
+            if a != b:
+                break
+            n_disk += 1
+        if n_disk < len(staged):  # pragma: no cover - reserve admits in order
+            raise RuntimeError("G2 admitted a G3 restore out of order")
+        disk_keys = disk_keys[:n_disk]
+        if disk_keys:
+            assert self.g3 is not None
+            self.g3.pin(disk_keys)
+        self.env.process(self._load(req, host_keys, disk_keys, landed))
+        return n_disk
+
+    def _load(
+        self,
+        req: Request,
+        host_keys: list[int],
+        disk_keys: list[int],
+        landed: Callable[[int, int], None],
+    ):  # type: ignore[no-untyped-def]
+        assert self.worker is not None
+        worker = self.worker
+        bs = self.block_size
+        if disk_keys:
+            assert self.g3 is not None and self.g3_to_g2 is not None
+            n = len(disk_keys)
+            yield self.g3_to_g2.submit(
+                req.request_id, n * self.block_bytes, n * bs, "g3_to_g2", worker.idx
+            )
+            self.g2.land(disk_keys)
+            self.g2.pin(disk_keys)
+            self.g3.unpin(disk_keys)
+            self.g3.touch(disk_keys)
+        keys = host_keys + disk_keys
+        yield self.h2d.submit(
+            req.request_id, len(keys) * self.block_bytes, len(keys) * bs, "h2d", worker.idx
+        )
+        self.g2.unpin(keys)
+        self.g2.touch(keys)
+        worker.apply(lambda: landed(len(host_keys), len(disk_keys)))
+        worker.wake()
+
+
+def _link(
+    env: simpy.Environment,
+    name: str,
+    recorder: Recorder,
+    bandwidth_gbps: float,
+    latency_ms: float,
+    shared: bool,
+    pool_bandwidth_gbps: float = 0.0,
+) -> Link:
+    """A tier link: 0 GB/s is instant. A private link queues copies in one FIFO lane; a shared
+    one shares `pool_bandwidth_gbps` (0 = unlimited) with a per-worker cap of `bandwidth_gbps`."""
+    if not shared:
+        bw = bandwidth_gbps or None
+        return Link(env, name, bw, latency_ms if bw else 0.0, "fifo_lanes", recorder, lanes=1)
+    if not bandwidth_gbps and not pool_bandwidth_gbps:
+        return Link(env, name, None, 0.0, "per_request", recorder)
+    return Link(
+        env,
+        name,
+        pool_bandwidth_gbps or float("inf"),
+        latency_ms,
+        "shared",
+        recorder,
+        group_bandwidth_gbps=bandwidth_gbps or None,
+    )
+
+
+class TierBuilder:
+    """Builds the tiers of every rank of a cluster from `kv_cache`, sharing pools and links as
+    the scopes say."""
+
+    def __init__(self, env: simpy.Environment, cfg: RunConfig, recorder: Recorder) -> None:
+        self.env = env
+        self.cfg = cfg
+        self.recorder = recorder
+        self.host = cfg.kv_cache.host_offload
+        self.disk = cfg.kv_cache.disk
+        self.pools: list[TierPool] = []
+        self._shared_g2: tuple[TierPool, Link, Link] | None = None
+        self._shared_g3: tuple[TierPool, Link, Link] | None = None
+        self._worker_g3: dict[str, tuple[TierPool, Link, Link]] = {}
+
+    @property
+    def enabled(self) -> bool:
+        return self.host.num_host_blocks is not None
+
+    def _pool(self, name: str, tier: str, n: int, worker: int, rank: int, order: int) -> TierPool:
+        pool = TierPool(
+            self.env, name, tier, n, self.recorder, self.cfg.output.kv_events, worker, rank, order
+        )
+        self.pools.append(pool)
+        return pool
+
+    def for_rank(self, worker: Worker, rank: Rank, engine: VllmEngineConfig) -> RankTiers:
+        env, rec, host, disk = self.env, self.recorder, self.host, self.disk
+        assert host.num_host_blocks is not None
+        if host.scope == "cluster_shared":
+            if self._shared_g2 is None:
+                self._shared_g2 = (
+                    self._pool("cluster.host", HOST, host.num_host_blocks, -1, 0, 1 << 30),
+                    _link(
+                        env,
+                        "cluster.host.d2h",
+                        rec,
+                        host.d2h_bandwidth_gbps,
+                        host.latency_to_first_byte_ms,
+                        True,
+                        host.shared_d2h_bandwidth_gbps,
+                    ),
+                    _link(
+                        env,
+                        "cluster.host.h2d",
+                        rec,
+                        host.h2d_bandwidth_gbps,
+                        host.latency_to_first_byte_ms,
+                        True,
+                        host.shared_h2d_bandwidth_gbps,
+                    ),
+                )
+            g2, d2h, h2d = self._shared_g2
+        else:
+            g2 = self._pool(
+                f"{rank.name}.host",
+                HOST,
+                host.num_host_blocks,
+                worker.idx,
+                rank.dp_rank,
+                worker.order,
+            )
+            d2h = _link(
+                env,
+                f"{rank.name}.d2h",
+                rec,
+                host.d2h_bandwidth_gbps,
+                host.latency_to_first_byte_ms,
+                False,
+            )
+            h2d = _link(
+                env,
+                f"{rank.name}.h2d",
+                rec,
+                host.h2d_bandwidth_gbps,
+                host.latency_to_first_byte_ms,
+                False,
+            )
+        g3 = write = read = None
+        if disk.num_g3_blocks is not None:
+            if disk.scope == "cluster_shared":
+                if self._shared_g3 is None:
+                    self._shared_g3 = self._disk("cluster.disk", -1, 1 << 30, True)
+                g3, write, read = self._shared_g3
+            else:
+                if worker.name not in self._worker_g3:
+                    self._worker_g3[worker.name] = self._disk(
+                        f"{worker.name}.disk", worker.idx, worker.order, False
+                    )
+                g3, write, read = self._worker_g3[worker.name]
+        tiers = RankTiers(
+            env, kv_block_bytes(self.cfg, engine), engine.block_size, g2, d2h, h2d, g3, write, read
+        )
+        tiers.worker = worker
+        tiers.rank = rank
+        return tiers
+
+    def _disk(
+        self, name: str, worker: int, order: int, shared: bool
+    ) -> tuple[TierPool, Link, Link]:
+        disk = self.disk
+        assert disk.num_g3_blocks is not None
+        ttfb = disk.latency_to_first_byte_ms
+        pool_w = disk.shared_write_bandwidth_gbps if shared else disk.write_bandwidth_gbps
+        pool_r = disk.shared_read_bandwidth_gbps if shared else disk.read_bandwidth_gbps
+        write = _link(
+            self.env, f"{name}.write", self.recorder, disk.write_bandwidth_gbps, ttfb, True, pool_w
+        )
+        read = _link(
+            self.env, f"{name}.read", self.recorder, disk.read_bandwidth_gbps, ttfb, True, pool_r
+        )
+        return self._pool(name, DISK, disk.num_g3_blocks, worker, 0, order), write, read
