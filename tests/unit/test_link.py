@@ -41,6 +41,8 @@ def test_transfer_time_is_latency_plus_bytes_over_bandwidth():
         "request_id",
         "link",
         "kind",
+        "src_tier",
+        "dst_tier",
         "submit_ms",
         "start_ms",
         "end_ms",
@@ -48,6 +50,7 @@ def test_transfer_time_is_latency_plus_bytes_over_bandwidth():
         "tokens",
     ]
     assert table.iloc[0].bytes == 128 * MB and table.iloc[0].link == "link.p0-d0"
+    assert (table.iloc[0].src_tier, table.iloc[0].dst_tier) == ("device", "device")
 
 
 def test_no_bandwidth_is_instant():
