@@ -25,10 +25,10 @@ import simpy
 from model.clock import TRANSFER_END, fire
 from model.cluster.base import ClusterBase
 from model.cluster.handoff import handoff
-from model.cluster.link import Link
 from model.config.derived import num_gpu_blocks, role_engines, transfer_bytes_per_token
 from model.config.schema import DisaggTopology, RunConfig
 from model.engine.worker import Rank, Worker
+from model.kv.link import Link
 from model.metrics.recorder import COMPLETED, REJECTED, Recorder
 from model.router import build_router
 from model.timing import build_step_time

@@ -13,7 +13,7 @@ it):
   prompt, the request leaves the waiting queue, G3 hits are staged into G2 (G3 -> G2), then every
   hit is copied G2 -> G1; when it lands the blocks are registered in G1 and the request is
   admitted ahead of the waiting queue at the next pass.
-* **Timing.** Copies use `model.cluster.link.Link`: a private G2 has one FIFO lane per direction
+* **Timing.** Copies use `model.kv.link.Link`: a private G2 has one FIFO lane per direction
   (a copy starts when the one before it ends); a cluster-shared G2, and every G3, share bandwidth
   by processor sharing, a copy's rate being min(pool bandwidth / copies in flight, worker
   bandwidth / that worker's copies in flight). Reads and writes use separate links.
@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING
 
 import simpy
 
-from model.cluster.link import Link
 from model.config.derived import kv_block_bytes
 from model.config.schema import RunConfig, VllmEngineConfig
 from model.kv.block_pool import REMOVED, STORED
+from model.kv.link import Link
 from model.metrics.recorder import Recorder
 from model.workload.request import Request
 

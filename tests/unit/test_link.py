@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from model.clock import Environment
-from model.cluster.link import Link
+from model.kv.link import Link
 from model.metrics.recorder import Recorder
 from model.metrics.tables import transfers_table
 
