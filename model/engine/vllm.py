@@ -434,18 +434,18 @@ class VllmScheduler:
         if not pool.allocate(req, -(-seq // bs) - hit):  # pragma: no cover - checked by caller
             raise RuntimeError(f"load check passed but allocation failed for {req}")
         keys = hashes[hit : hit + n_host + n_disk]
-        n_disk = self.tiers.load(req, keys[:n_host], keys[n_host:], self._landing(req, hit))
+        self.tiers.load(req, keys[:n_host], keys[n_host:], self._landing(req, hit, keys))
         self.waiting.popleft()
         req.status = Status.LOADING
         self.loading[req.idx] = req
         return True
 
-    def _landing(self, req: Request, hit: int) -> Callable[[int, int], None]:
+    def _landing(self, req: Request, hit: int, keys: list[int]) -> Callable[[int, int], None]:
         def landed(n_host: int, n_disk: int) -> None:
-            """The copy is in G1 (now, between passes): register its blocks, queue `req`
-            ahead of the waiting requests."""
+            """The copy of the first n_host + n_disk `keys` is in G1 (now, between passes):
+            register those blocks, queue `req` ahead of the waiting requests."""
             n = n_host + n_disk
-            self.pool.register_many(req, req.prompt_hashes[hit : hit + n])
+            self.pool.register_many(req, keys[:n])
             del self.loading[req.idx]
             req.status = Status.WAITING
             req.loaded_blocks = hit + n
