@@ -84,7 +84,12 @@ from omegaconf.errors import OmegaConfBaseException
 
 from model import Result, RunConfig, simulate, validate_config
 from model.config import num_gpu_blocks
-from model.config.derived import role_engines, transfer_bytes_per_token
+from model.config.derived import (
+    cache_layout,
+    kv_bytes_per_token,
+    role_engines,
+    transfer_bytes_per_token,
+)
 from model.config.schema import (
     ConcurrencyLoad,
     DisaggTopology,
@@ -226,7 +231,33 @@ def _timing_model(cfg: RunConfig, problems: list[str]) -> dict[str, Any]:
 def _engine_args(
     cfg: RunConfig, engine: VllmEngineConfig, timing_model: dict[str, Any]
 ) -> dict[str, Any]:
-    """The mocker's `engine` block for one servesim engine (a role's, in P/D)."""
+    """The mocker's `engine` block for one servesim engine (a role's, in P/D), with the KV
+    tiers when they are on: `native_host_offload` (and `g3_offload`) take servesim's
+    `kv_cache.host_offload` (and `kv_cache.disk`) field for field, and the host block size
+    comes from `kv_cache_bytes_per_token`."""
+    return {**_base_engine_args(cfg, engine, timing_model), **_tier_args(cfg)}
+
+
+def _tier_args(cfg: RunConfig) -> dict[str, Any]:
+    host = cfg.kv_cache.host_offload
+    if host.num_host_blocks is None:
+        return {}
+    out: dict[str, Any] = {
+        "kv_cache_bytes_per_token": kv_bytes_per_token(cfg.llm),
+        "native_host_offload": host.model_dump(),
+    }
+    if host.scope == "cluster_shared":
+        # the mocker names the layout a shared pool requires; servesim derives it
+        block_size, per_gpu = cache_layout(cfg, cfg.engine)
+        out["native_host_offload"]["kv_layout_id"] = f"block{block_size}x{per_gpu}B"
+    if cfg.kv_cache.disk.num_g3_blocks is not None:
+        out["g3_offload"] = cfg.kv_cache.disk.model_dump()
+    return out
+
+
+def _base_engine_args(
+    cfg: RunConfig, engine: VllmEngineConfig, timing_model: dict[str, Any]
+) -> dict[str, Any]:
     return {
         "backend": "vllm",
         "num_gpu_blocks": num_gpu_blocks(cfg, engine),

@@ -256,7 +256,7 @@ class Worker:
         """Record fast-forwarded decode passes as the pass-by-pass loop would have."""
         rank = self.ranks[0]
         n = len(rank.scheduler.running)
-        active = len(rank.pool.refcount) + rank.pool.n_private
+        active = rank.pool.n_active
         pass_done = self.recorder.pass_done
         t = start
         for end in ends:
@@ -332,7 +332,7 @@ class Worker:
 
     def _sample_kv(self, rank: Rank, t: float) -> None:
         pool = rank.pool
-        level = (len(pool.refcount) + pool.n_private, len(pool.inactive))
+        level = (pool.n_active, pool.n_cached)
         if level != rank.kv_level:
             rank.kv_level = level
             self.recorder.kv_level(

@@ -41,6 +41,8 @@ class BlockPool:
         "inactive",
         "copies",
         "n_private",
+        "pinned",
+        "n_pinned_inactive",
         "record_events",
         "pending_events",
         "n_evictions",
@@ -57,6 +59,10 @@ class BlockPool:
         self.inactive: OrderedDict[Key, None] = OrderedDict()  # eviction order, oldest first
         self.copies: dict[int, list[Key]] = {}  # hash -> its copies, oldest first (duplicates only)
         self.n_private = 0  # active blocks without a hash (partial, or caching off)
+        # blocks a copy to a lower tier is reading (key -> copies): they keep their place in
+        # the LRU when released, but are not evicted until the copy lands
+        self.pinned: dict[Key, int] = {}
+        self.n_pinned_inactive = 0
         self.record_events = record_events
         self.pending_events: list[tuple[str, int]] = []
         self.n_evictions = 0
@@ -67,16 +73,18 @@ class BlockPool:
 
     @property
     def n_active(self) -> int:
-        return len(self.refcount) + self.n_private
+        """Blocks in use: held by a request, or pinned by a copy out of this pool."""
+        return len(self.refcount) + self.n_private + self.n_pinned_inactive
 
     @property
     def n_cached(self) -> int:
-        return len(self.inactive)
+        """Cached blocks nobody holds (evictable)."""
+        return len(self.inactive) - self.n_pinned_inactive
 
     @property
     def free_blocks(self) -> int:
-        """Blocks not held by any request (empty or evictable)."""
-        return self.capacity_blocks - len(self.refcount) - self.n_private
+        """Blocks not held by any request nor pinned (empty or evictable)."""
+        return self.capacity_blocks - len(self.refcount) - self.n_private - self.n_pinned_inactive
 
     # ------------------------------------------------------------------ prefix lookups
 
@@ -88,20 +96,25 @@ class BlockPool:
         return keys[0] if keys else None
 
     def match(self, hashes: list[int]) -> tuple[int, int]:
-        """Leading blocks of `hashes` resident (active or inactive), and how many are active."""
+        """Leading blocks of `hashes` resident (active or inactive), and how many of them take
+        no free block to reuse (active, or pinned by a copy)."""
         if not self.enable_caching:
             return 0, 0
         refcount = self.refcount
         inactive = self.inactive
+        pinned = self.pinned
         n = n_active = 0
         for h in hashes:
             if h in refcount:
                 n_active += 1
-            elif h not in inactive:
+            elif h in inactive:
+                if pinned and h in pinned:
+                    n_active += 1
+            else:
                 key = self._oldest(h)
                 if key is None:
                     break
-                if key in refcount:
+                if key in refcount or key in pinned:
                     n_active += 1
             n += 1
         return n, n_active
@@ -117,6 +130,8 @@ class BlockPool:
             c = refcount.get(key)
             if c is None:
                 del inactive[key]
+                if key in self.pinned:
+                    self.n_pinned_inactive -= 1
                 refcount[key] = 1
             else:
                 refcount[key] = c + 1
@@ -132,17 +147,33 @@ class BlockPool:
             return False
         empty = self.capacity_blocks - len(self.refcount) - self.n_private - len(self.inactive)
         if n_blocks > empty:
-            popitem = self.inactive.popitem
             copies = self.copies
             events = self.pending_events if self.record_events else None
-            for _ in range(n_blocks - empty):
-                key, _ = popitem(last=False)
+            if self.n_pinned_inactive:
+                victims = self._unpinned_oldest(n_blocks - empty)
+            else:
+                popitem = self.inactive.popitem
+                victims = [popitem(last=False)[0] for _ in range(n_blocks - empty)]
+            for key in victims:
                 if copies or events is not None:
                     self._evicted(key, events)
             self.n_evictions += n_blocks - empty
         self.n_private += n_blocks
         req.held_private_blocks += n_blocks
         return True
+
+    def _unpinned_oldest(self, n: int) -> list[Key]:
+        """Evict the n least recently released blocks that no copy is reading."""
+        pinned = self.pinned
+        victims = []
+        for key in self.inactive:
+            if key not in pinned:
+                victims.append(key)
+                if len(victims) == n:
+                    break
+        for key in victims:
+            del self.inactive[key]
+        return victims
 
     def _evicted(self, key: Key, events: list[tuple[str, int]] | None) -> None:
         """Bookkeeping after evicting `key`: drop it from its copies; `removed` when it was
@@ -206,11 +237,14 @@ class BlockPool:
         """`req` lets go of everything it holds; cached blocks join the LRU last block first."""
         refcount = self.refcount
         inactive = self.inactive
+        pinned = self.pinned
         for key in reversed(req.held_hashes):
             c = refcount[key]
             if c == 1:
                 del refcount[key]
                 inactive[key] = None
+                if key in pinned:
+                    self.n_pinned_inactive += 1
             else:
                 refcount[key] = c - 1
         req.held_hashes = []
@@ -219,23 +253,24 @@ class BlockPool:
         self.generation += 1
 
     def pin(self, keys: list[Key]) -> None:
-        """Hold blocks (active ones, by key) for a copy out of this pool: they stay active
-        whoever else lets go of them, until `unpin`."""
-        refcount = self.refcount
+        """A copy out of this pool reads blocks (active ones, by key): released, they keep
+        their place in the LRU but are not evicted until `unpin`."""
+        pinned = self.pinned
         for key in keys:
-            refcount[key] += 1
+            pinned[key] = pinned.get(key, 0) + 1
 
     def unpin(self, keys: list[Key]) -> None:
-        """A copy out of this pool landed: its blocks go back (cached when nobody holds them)."""
-        refcount = self.refcount
+        """A copy out of this pool landed: blocks nobody holds become evictable."""
+        pinned = self.pinned
         inactive = self.inactive
-        for key in reversed(keys):
-            c = refcount[key]
-            if c == 1:
-                del refcount[key]
-                inactive[key] = None
-            else:
-                refcount[key] = c - 1
+        for key in keys:
+            c = pinned[key] - 1
+            if c:
+                pinned[key] = c
+                continue
+            del pinned[key]
+            if key in inactive:
+                self.n_pinned_inactive -= 1
         self.generation += 1
 
     def take_events(self) -> list[tuple[str, int]]:

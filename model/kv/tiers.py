@@ -244,7 +244,7 @@ class RankTiers:
             len(admitted) * self.block_bytes,
             len(admitted) * self.block_size,
             "d2h",
-            worker.idx,
+            worker.order,
         )
 
         def landed(_: simpy.Event) -> None:
@@ -272,7 +272,7 @@ class RankTiers:
             len(admitted) * self.block_bytes,
             len(admitted) * self.block_size,
             "g2_to_g3",
-            self.worker.idx,
+            self.worker.order,
         )
 
         def landed(_: simpy.Event) -> None:
@@ -291,9 +291,10 @@ class RankTiers:
         n_disk = 0
         g3 = self.g3
         if g3 is not None:
-            incoming = self.g2.incoming
+            g2 = self.g2
             for k in keys[n_host:]:
-                if k not in g3.resident or k in incoming:
+                # a run of blocks G2 can stage (none already in G2, or on its way there)
+                if k not in g3.resident or k in g2.resident or k in g2.incoming:
                     break
                 n_disk += 1
         return n_host, n_disk
@@ -316,6 +317,8 @@ class RankTiers:
             assert self.g3 is not None
             self.g3.pin(disk_keys)
         self.env.process(self._load(req, host_keys, disk_keys, landed))
+        assert self.worker is not None
+        self.worker.sample_kv()  # the G1 blocks it took for the copy
         return len(disk_keys)
 
     def _load(
@@ -332,7 +335,7 @@ class RankTiers:
             assert self.g3 is not None and self.g3_to_g2 is not None
             n = len(disk_keys)
             yield self.g3_to_g2.submit(
-                req.request_id, n * self.block_bytes, n * bs, "g3_to_g2", worker.idx
+                req.request_id, n * self.block_bytes, n * bs, "g3_to_g2", worker.order
             )
             self.g2.land(disk_keys)
             self.g2.pin(disk_keys)
@@ -340,7 +343,7 @@ class RankTiers:
             self.g3.touch(disk_keys)
         keys = host_keys + disk_keys
         yield self.h2d.submit(
-            req.request_id, len(keys) * self.block_bytes, len(keys) * bs, "h2d", worker.idx
+            req.request_id, len(keys) * self.block_bytes, len(keys) * bs, "h2d", worker.order
         )
         self.g2.unpin(keys)
         self.g2.touch(keys)

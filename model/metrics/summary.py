@@ -70,7 +70,9 @@ def summarize(
     total_out = int(done["output_length"].sum())
     # the most reuse any admission of the request saw, prefill or decode side
     reused = int(np.maximum(done["reused_input_tokens"], done["decode_reused_input_tokens"]).sum())
-    # by tier: the G2 and G3 parts of the admission that reused the most; G1 the rest
+    # by tier, of the admission that reused the most on the request's first side (the
+    # prefill side in P/D): the columns' sums
+    g1_reused = int(done["g1_reused_input_tokens"].sum())
     host_reused = int(done["host_reused_input_tokens"].sum())
     disk_reused = int(done["disk_reused_input_tokens"].sum())
     first_reused = int(done["first_admission_reused_input_tokens"].sum())
@@ -113,10 +115,10 @@ def summarize(
         "processed_output_tokens_per_s": total_out / wall_s,
         "prefix_cache_reused_ratio": reused / total_in if total_in else 0.0,
         "first_admission_prefix_cache_reused_ratio": first_reused / total_in if total_in else 0.0,
-        "g1_reused_input_tokens": reused - host_reused - disk_reused,
+        "g1_reused_input_tokens": g1_reused,
         "host_reused_input_tokens": host_reused,
         "disk_reused_input_tokens": disk_reused,
-        "g1_reused_ratio": (reused - host_reused - disk_reused) / total_in if total_in else 0.0,
+        "g1_reused_ratio": g1_reused / total_in if total_in else 0.0,
         "host_reused_ratio": host_reused / total_in if total_in else 0.0,
         "disk_reused_ratio": disk_reused / total_in if total_in else 0.0,
         "num_ttft_samples": int(len(ttft)),
