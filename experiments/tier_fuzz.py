@@ -1,0 +1,126 @@
+"""Random small traces with a G2 host tier, replayed by servesim and by Dynamo's mocker
+(`native_host_offload`), compared request by request.
+
+    python experiments/tier_fuzz.py [--cases 150] [--seed 0] [--mocker-python PY]
+
+Each case: 2-14 Mooncake rows (prompts of 1-400 tokens sharing prefixes in 4 families, outputs
+0-30), fixed timing, a G1 pool of 8-40 blocks of 64 tokens, a G2 pool of 1-40 blocks (per rank,
+or cluster-shared in about 30 % of the cases), copy bandwidths drawn from 0 (instant), 1,
+8.388608 (one Llama-3.1-8B block per ms) and 32 GB/s, 1 or 2 workers. A case matches when every
+request's arrival, first admission, first token and end agree to 1e-6 ms and its reused tokens,
+output length and status are equal. Prints each differing case (its first differences) and one
+line per scope: `dp_rank_local: M of N cases match`.
+
+Exit status 0 (differences are reported, not failures), 2 for bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import compare_dynamo as cd  # noqa: E402
+
+from model import simulate  # noqa: E402
+
+FIELDS = (
+    "arrival_time_ms",
+    "first_admit_ms",
+    "first_token_ms",
+    "terminal_time_ms",
+    "reused_input_tokens",
+    "output_length",
+    "terminal_status",
+)
+
+
+def random_case(seed: int, out: Path) -> tuple[Path, int, list[str]]:
+    """One case's trace file, worker count and servesim overrides."""
+    rng = random.Random(seed)
+    rows = []
+    t = 0
+    for i in range(rng.randint(2, 14)):
+        t += rng.choice([0, 5, 10, 20, 50, 100, rng.randint(0, 300)])
+        n_in = rng.randint(1, 400)
+        n_blocks = -(-n_in // 64)
+        family = rng.randint(0, 3)
+        ids = [family * 1000 + k for k in range(n_blocks // 2 + rng.randint(0, 1))][:n_blocks]
+        ids += [10000 + i * 100 + k for k in range(n_blocks - len(ids))]
+        n_out = rng.choice([0, 1, 2, rng.randint(0, 30)])
+        rows.append({"timestamp": t, "input_length": n_in, "output_length": n_out, "hash_ids": ids})
+    path = out / f"case{seed}.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    bandwidths = [0.0, 1.0, 8.388608, 32.0]
+    overrides = [
+        "timing=fixed",
+        f"timing.prefill_ms={rng.choice([10.0, 7.0])}",
+        f"timing.decode_ms={rng.choice([1.0, 3.0])}",
+        "workload.trace_block_size=64",
+        f"engine.num_gpu_blocks={rng.randint(8, 40)}",
+        f"engine.max_num_batched_tokens={rng.choice([64, 256, 8192])}",
+        f"kv_cache.host_offload.num_host_blocks={rng.randint(1, 40)}",
+        f"kv_cache.host_offload.d2h_bandwidth_gbps={rng.choice(bandwidths)}",
+        f"kv_cache.host_offload.h2d_bandwidth_gbps={rng.choice(bandwidths)}",
+    ]
+    workers = rng.choice([1, 1, 2])
+    if rng.random() < 0.3:
+        overrides.append("kv_cache.host_offload.scope=cluster_shared")
+    return path, workers, overrides
+
+
+def differences(ours: list[dict[str, Any]], ref: list[dict[str, Any]]) -> list[tuple]:
+    pairs, unmatched = cd.join_records(ours, ref)
+    out: list[tuple] = [("unmatched", unmatched)] if unmatched else []
+    for a, b in pairs:
+        for f in FIELDS:
+            x, y = a.get(f), b.get(f)
+            if x == y:
+                continue
+            if isinstance(x, float) and isinstance(y, float) and abs(x - y) < 1e-6:
+                continue
+            if f == "terminal_status" and {x, y} == {"rejected", "failed"}:
+                continue
+            out.append((a["arrival_time_ms"], f, x, y))
+    return sorted(out, key=str)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", type=int, default=150)
+    parser.add_argument("--seed", type=int, default=0, help="first case's seed")
+    parser.add_argument("--mocker-python", default=None)
+    args = parser.parse_args(argv)
+    if args.cases <= 0:
+        parser.error("--cases must be positive")
+    runner = cd.choose_runner(args.mocker_python)
+    tally: dict[str, list[int]] = {"dp_rank_local": [0, 0], "cluster_shared": [0, 0]}
+    with tempfile.TemporaryDirectory(prefix="tier_fuzz_") as tmp:
+        out = Path(tmp)
+        for seed in range(args.seed, args.seed + args.cases):
+            path, workers, overrides = random_case(seed, out)
+            cfg = cd.compose_run_config(path, workers, overrides)
+            report = out / f"mocker{seed}.jsonl"
+            runner.run(path, {**cd.mocker_kwargs(cfg), "report_jsonl_path": str(report)})
+            ref = [json.loads(line) for line in report.read_text().splitlines() if line.strip()]
+            diffs = differences(cd.servesim_records(simulate(cfg)), ref)
+            scope = cfg.kv_cache.host_offload.scope
+            tally[scope][1] += 1
+            if diffs:
+                print(f"case {seed} ({workers} worker(s); {' '.join(overrides[4:])}):")
+                for d in diffs[:4]:
+                    print("   ", d)
+            else:
+                tally[scope][0] += 1
+    for name, (ok, n) in tally.items():
+        print(f"{name}: {ok} of {n} cases match")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
