@@ -17,9 +17,9 @@ Per pass, with a budget of `max_num_batched_tokens`:
    a request with its last token (or with zero output) completes and releases its blocks.
 
 With KV tiers (`model.kv.tiers`), an admission whose prefix continues in G2 (or G3) leaves the
-queue while those blocks are copied to G1 (its G1 blocks for the whole prompt taken at once), and
-once they land it is admitted before anything in `waiting`, with what G1 and the copy hold as
-its cached prefix.
+queue while those blocks are copied to G1 (taking G1 blocks for them), and once they land it is
+admitted before anything in `waiting` when the rest of its blocks fit, with what G1 and the copy
+hold as its cached prefix.
 
 A request whose prompt can never fit (`>= max_model_len`, or more blocks than the pool) is
 rejected with a reason rather than queued forever.
@@ -431,10 +431,11 @@ class VllmScheduler:
         pool = self.pool
         if hit:
             pool.acquire(req, hashes[:hit])
-        if not pool.allocate(req, -(-seq // bs) - hit):  # pragma: no cover - checked by caller
-            raise RuntimeError(f"load check passed but allocation failed for {req}")
         keys = hashes[hit : hit + n_host + n_disk]
-        self.tiers.load(req, keys[:n_host], keys[n_host:], self._landing(req, hit, keys))
+        n_disk = self.tiers.load(req, keys[:n_host], keys[n_host:], self._landing(req, hit, keys))
+        # G1 blocks for what the copy brings; the rest are taken when it is admitted
+        if not pool.allocate(req, n_host + n_disk):  # pragma: no cover - checked by caller
+            raise RuntimeError(f"load check passed but allocation failed for {req}")
         self.waiting.popleft()
         req.status = Status.LOADING
         self.loading[req.idx] = req
@@ -460,12 +461,23 @@ class VllmScheduler:
         each needs a free seat and, unless fully cached, budget."""
         loaded = self.loaded
         bs = self.block_size
+        pool = self.pool
         while loaded and len(self.running) < self.cfg.max_num_seqs:
             req = loaded[0]
             cached = req.loaded_blocks * bs
             seq = req.seq_len
             if budget == 0 and seq > cached:
                 break
+            if -(-seq // bs) - req.loaded_blocks > pool.free_blocks:
+                if self.running:
+                    break  # the rest of its blocks do not fit yet
+                # nothing runs that could free them: it lets go of what it holds (cached
+                # from now) and waits for an ordinary admission at the head of the queue
+                loaded.popleft()
+                pool.release(req)
+                req.status = Status.WAITING
+                self.waiting.appendleft(req)
+                continue
             n = self._schedule_tokens(req, batch, budget, cached)
             if n == BLOCKED:  # (no chunked prefill) its rest needs a pass with more budget
                 break

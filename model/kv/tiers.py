@@ -9,10 +9,10 @@ it):
   G1 source blocks stay pinned until the copy lands. With G3, blocks that land in G2 are written
   behind to G3 the same way (G2 source pinned until the write lands).
 * **Load (G2 -> G1).** At admission, after the G1 prefix lookup, the consecutive blocks after the
-  G1 prefix found in G2 (then in G3) are a hit: the scheduler takes G1 blocks for the whole
-  prompt, the request leaves the waiting queue, G3 hits are staged into G2 (G3 -> G2), then every
-  hit is copied G2 -> G1; when it lands the blocks are registered in G1 and the request is
-  admitted ahead of the waiting queue at the next pass.
+  G1 prefix found in G2 (then in G3) are a hit: the scheduler takes G1 blocks for them, the
+  request leaves the waiting queue, G3 hits are staged into G2 (G3 -> G2), then every hit is
+  copied G2 -> G1; when it lands the blocks are registered in G1 and the request is admitted
+  ahead of the waiting queue at a later pass, once the rest of its blocks fit.
 * **Timing.** Copies use `model.kv.link.Link`: a private G2 has one FIFO lane per direction
   (a copy starts when the one before it ends); a cluster-shared G2, and every G3, share bandwidth
   by processor sharing, a copy's rate being min(pool bandwidth / copies in flight, worker
