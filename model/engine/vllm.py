@@ -416,9 +416,9 @@ class VllmScheduler:
                 break
 
     def _start_load(self, req: Request, hashes: list[int], hit: int, seq: int) -> bool:
-        """If the prefix after the G1 hit continues in G2/G3, take G1 blocks for the whole
-        sequence, start the copy and take `req` out of `waiting` (True). The caller has checked
-        that the blocks fit."""
+        """If the prefix after the G1 hit continues in G2/G3, start the copy (G1 blocks taken
+        for what it brings) and take `req` out of `waiting` (True). The caller has checked that
+        the whole sequence's blocks fit."""
         assert self.tiers is not None
         bs = self.block_size
         stop = (seq - 1) // bs if req.num_output_tokens < req.output_length else seq // bs
@@ -436,6 +436,7 @@ class VllmScheduler:
         # G1 blocks for what the copy brings; the rest are taken when it is admitted
         if not pool.allocate(req, n_host + n_disk):  # pragma: no cover - checked by caller
             raise RuntimeError(f"load check passed but allocation failed for {req}")
+        self.tiers.g1_changed()
         self.waiting.popleft()
         req.status = Status.LOADING
         self.loading[req.idx] = req
@@ -457,8 +458,8 @@ class VllmScheduler:
         return landed
 
     def _admit_loaded(self, batch: Batch, budget: int, now_ms: float) -> int:
-        """Admit requests whose tier copy landed, in landing order (their blocks are taken):
-        each needs a free seat and, unless fully cached, budget."""
+        """Admit requests whose tier copy landed, in landing order: each needs a free seat, the
+        rest of its blocks and, unless fully cached, budget."""
         loaded = self.loaded
         bs = self.block_size
         pool = self.pool

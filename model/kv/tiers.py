@@ -317,9 +317,12 @@ class RankTiers:
             assert self.g3 is not None
             self.g3.pin(disk_keys)
         self.env.process(self._load(req, host_keys, disk_keys, landed))
-        assert self.worker is not None
-        self.worker.sample_kv()  # the G1 blocks it took for the copy
         return len(disk_keys)
+
+    def g1_changed(self) -> None:
+        """The rank's G1 pool changed outside a pass (blocks taken for a load): record it."""
+        assert self.worker is not None
+        self.worker.sample_kv()
 
     def _load(
         self,
