@@ -111,6 +111,8 @@ class VllmScheduler:
         self.tiers: RankTiers | None = None
         self.loading: dict[int, Request] = {}
         self.loaded: deque[Request] = deque()
+        # blocks on their way into this pool by a load (content hash -> loads bringing it)
+        self.loading_blocks: dict[int, int] = {}
         self.n_preemptions = 0
         # tokens each admission set out to compute (its sequence minus its prefix hit)
         self.n_committed_prefill_tokens = 0
@@ -392,6 +394,8 @@ class VllmScheduler:
                     )
                 )
                 continue
+            if self.loading_blocks and hit < len(hashes) and hashes[hit] in self.loading_blocks:
+                break  # its prefix continues in blocks a load is bringing: wait for them
             if self.tiers is not None and self._start_load(req, hashes, hit, seq):
                 continue  # it waits for its blocks out of the queue; the next one may go
             if (not cfg.enable_chunked_prefill and req.input_length - cached > budget) or (
@@ -437,6 +441,9 @@ class VllmScheduler:
         if not pool.allocate(req, n_host + n_disk):  # pragma: no cover - checked by caller
             raise RuntimeError(f"load check passed but allocation failed for {req}")
         self.tiers.g1_changed()
+        loading = self.loading_blocks
+        for k in keys:
+            loading[k] = loading.get(k, 0) + 1
         self.waiting.popleft()
         req.status = Status.LOADING
         self.loading[req.idx] = req
@@ -448,6 +455,13 @@ class VllmScheduler:
             register those blocks, queue `req` ahead of the waiting requests."""
             n = n_host + n_disk
             self.pool.register_many(req, keys[:n])
+            loading = self.loading_blocks
+            for k in keys:
+                c = loading[k] - 1
+                if c:
+                    loading[k] = c
+                else:
+                    del loading[k]
             del self.loading[req.idx]
             req.status = Status.WAITING
             req.loaded_blocks = hit + n
