@@ -4,7 +4,8 @@ Each case directory holds a small trace, `case.json` (servesim Hydra overrides a
 exact keyword arguments), and the mocker's `summary.json` and per-request `requests.jsonl`
 (its report_jsonl_path records, trimmed to the fields read here plus a few for debugging;
 regenerate them with tests/golden/mocker/make_fixtures.py, see the README there). Cases a-j
-run aggregated workers, cases k-y prefill/decode disaggregation (P/D).
+run aggregated workers, cases k-y prefill/decode disaggregation (P/D), cases z1-z2 a G2 host
+tier under aggregated workers.
 
 For every case servesim is composed from conf/ with Hydra's compose API and simulated, then:
 

@@ -425,6 +425,58 @@ def zero_output_idle_retry_trace() -> list[Row]:
     ]
 
 
+def host_tier_trace(seed: int) -> list[Row]:
+    """40 rows, 0-100 ms apart, prompts of 40-400 tokens whose blocks but the last come from
+    one of 4 families (so a tight G1 evicts what G2 still holds), outputs 1-10. Trace block
+    size 64."""
+    rng = random.Random(seed)
+    rows: list[Row] = []
+    t = 0
+    for i in range(40):
+        t += rng.choice([0, 5, 10, 20, 50, 100])
+        n_in = rng.randint(40, 400)
+        n_blocks = -(-n_in // 64)
+        family = rng.randint(0, 3)
+        ids = [family * 1000 + k for k in range(n_blocks - 1)] + [10000 + i]
+        rows.append(
+            {
+                "timestamp": t,
+                "input_length": n_in,
+                "output_length": rng.choice([1, 2, 5, 10]),
+                "hash_ids": ids[:n_blocks],
+            }
+        )
+    return rows
+
+
+# G2 host pools of the cases below: the mocker's `native_host_offload` with servesim's
+# `kv_cache.host_offload` field for field (compare_dynamo.py sends exactly this)
+HOST_OFFLOAD = {
+    "num_host_blocks": 30,
+    "scope": "dp_rank_local",
+    "d2h_bandwidth_gbps": 8.388608,
+    "h2d_bandwidth_gbps": 8.388608,
+    "latency_to_first_byte_ms": 0.0,
+    "shared_d2h_bandwidth_gbps": 80.0,
+    "shared_h2d_bandwidth_gbps": 80.0,
+}
+HOST_ENGINE = {
+    "num_gpu_blocks": 16,
+    "timing_model": {"type": "fixed", "prefill_ms": 10.0, "decode_ms": 1.0},
+    "kv_cache_bytes_per_token": KV_BYTES_PER_TOKEN,
+    "native_host_offload": HOST_OFFLOAD,
+}
+HOST_OVERRIDES = (
+    "engine.num_gpu_blocks=16",
+    "timing=fixed",
+    "timing.prefill_ms=10.0",
+    "timing.decode_ms=1.0",
+    "kv_cache.host_offload.num_host_blocks=30",
+    "kv_cache.host_offload.d2h_bandwidth_gbps=8.388608",
+    "kv_cache.host_offload.h2d_bandwidth_gbps=8.388608",
+)
+
+
 def zero_output_caches_prompt_trace() -> list[Row]:
     """P/D, fixed timing (prefill 10, decode 1 ms), 1 GB/s, decode pool 100 x 64 tokens: the
     output-0 request 1 lands on an idle decode worker and ends at once; its prompt blocks are
@@ -840,6 +892,24 @@ CASES = [
         pd=(1, 1),
         decode={"num_gpu_blocks": 100},
         bandwidth_gbps=1.0,
+    ),
+    Case(
+        "z1_host_tier_1w",
+        "40 requests, 1 worker, G1 16 blocks under a 30-block G2 host pool at one block per "
+        "ms each way: stores, loads, a load another request waits for",
+        lambda: host_tier_trace(0),
+        trace_block_size=64,
+        engine=HOST_ENGINE,
+        servesim_overrides=HOST_OVERRIDES,
+    ),
+    Case(
+        "z2_host_tier_2w",
+        "40 requests, 2 workers, each with G1 16 blocks and its own 30-block G2 pool",
+        lambda: host_tier_trace(1),
+        num_workers=2,
+        trace_block_size=64,
+        engine=HOST_ENGINE,
+        servesim_overrides=HOST_OVERRIDES,
     ),
 ]
 
