@@ -5,13 +5,21 @@
 
 Each job directory holds `summary.json` (written by servesim) and `.hydra/overrides.yaml` (the
 overrides Hydra applied); the table has one row per job: its overrides, then the chosen metrics.
+
+The sweep scripts (pd_sweep.py, host_pool_sweep.py) also take from here how to call servesim,
+how to run one multirun with its log, and a markdown table.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import shutil
+import subprocess
 import sys
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -29,6 +37,55 @@ DEFAULT_METRICS = (
     "prefix_cache_reused_ratio",
     "wall_time_ms",
 )
+
+
+def servesim_command() -> list[str]:
+    """The servesim console script next to this interpreter, else `python -m model.cli`."""
+    script = Path(sys.executable).parent / "servesim"
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("servesim")
+    return [found] if found else [sys.executable, "-m", "model.cli"]
+
+
+def joblib_available() -> bool:
+    try:
+        return importlib.util.find_spec("hydra_plugins.hydra_joblib_launcher") is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def run_multirun(cmd: Sequence[str], sweep_dir: Path, cwd: Path, prog: str) -> tuple[int, float]:
+    """Run one servesim multirun with its output in `sweep_dir`/servesim.log; returns its exit
+    status and wall seconds, and on failure prints the log's tail (as `prog`) to stderr."""
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    log = sweep_dir / "servesim.log"
+    t0 = time.perf_counter()
+    with log.open("w") as fh:
+        proc = subprocess.run(list(cmd), stdout=fh, stderr=subprocess.STDOUT, cwd=cwd)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        tail = "\n".join(log.read_text().splitlines()[-20:])
+        print(f"{prog}: servesim failed ({proc.returncode}); {log}:\n{tail}", file=sys.stderr)
+    return proc.returncode, wall
+
+
+def markdown(df: pd.DataFrame, three_digits: Callable[[str], bool], digits: int = 1) -> str:
+    """A GitHub markdown table (no tabulate needed): floats rounded to `digits`, or to 3 in the
+    columns `three_digits` picks; missing values as `-`."""
+
+    def fmt(col: str, v: object) -> str:
+        if v is None or (isinstance(v, float) and pd.isna(v)):
+            return "-"
+        if isinstance(v, float):
+            return f"{v:,.3f}" if three_digits(col) else f"{v:,.{digits}f}"
+        return f"{v:,}" if isinstance(v, int) else str(v)
+
+    cols = list(df.columns)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    for row in df.astype(object).itertuples(index=False):
+        lines.append("| " + " | ".join(fmt(c, v) for c, v in zip(cols, row, strict=True)) + " |")
+    return "\n".join(lines)
 
 
 def _overrides(job: Path) -> dict[str, str]:

@@ -39,19 +39,16 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import importlib.util
 import json
 import shlex
-import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from collect import collect  # noqa: E402
+from collect import collect, joblib_available, run_multirun, servesim_command  # noqa: E402
+from collect import markdown as markdown_table  # noqa: E402
 
 EXPERIMENT = "host_pool"
 HOST_KEY = "kv_cache.host_offload.num_host_blocks"
@@ -127,22 +124,6 @@ def host_value(blocks: int) -> str:
     return "null" if blocks == 0 else str(blocks)
 
 
-def servesim_command() -> list[str]:
-    """The servesim console script next to this interpreter, else `python -m model.cli`."""
-    script = Path(sys.executable).parent / "servesim"
-    if script.exists():
-        return [str(script)]
-    found = shutil.which("servesim")
-    return [found] if found else [sys.executable, "-m", "model.cli"]
-
-
-def joblib_available() -> bool:
-    try:
-        return importlib.util.find_spec("hydra_plugins.hydra_joblib_launcher") is not None
-    except ModuleNotFoundError:
-        return False
-
-
 def multirun_args(
     host_blocks: list[int] | tuple[int, ...],
     trace: Path,
@@ -201,24 +182,8 @@ def sweep_table(sweep_dir: Path) -> pd.DataFrame:
 
 
 def markdown(df: pd.DataFrame, digits: int = 1) -> str:
-    """A GitHub markdown table (no tabulate needed); floats rounded to `digits`, ratios to 3."""
-
-    def fmt(col: str, v: object) -> str:
-        if v is None or (isinstance(v, float) and pd.isna(v)):
-            return "-"
-        if isinstance(v, float):
-            return (
-                f"{v:,.3f}"
-                if ("ratio" in col and col != "host_to_g1_ratio")
-                else f"{v:,.{digits}f}"
-            )
-        return f"{v:,}" if isinstance(v, int) else str(v)
-
-    cols = list(df.columns)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-    for row in df.astype(object).itertuples(index=False):
-        lines.append("| " + " | ".join(fmt(c, v) for c, v in zip(cols, row, strict=True)) + " |")
-    return "\n".join(lines)
+    """The table as markdown; ratios to 3 decimals, except the host/G1 pool ratio."""
+    return markdown_table(df, lambda c: "ratio" in c and c != "host_to_g1_ratio", digits=digits)
 
 
 def plot(table: pd.DataFrame, path: Path, title: str = "") -> Path:
@@ -322,11 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"host_pool_sweep: {len(host_blocks)} job(s) -> {sweep_dir}", flush=True)
     print("  " + shlex.join(cmd), flush=True)
-    log = sweep_dir / "servesim.log"
-    t0 = time.perf_counter()
-    with log.open("w") as fh:
-        proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=out)
-    wall = time.perf_counter() - t0
+    code, wall = run_multirun(cmd, sweep_dir, out, "host_pool_sweep")
     meta: dict[str, object] = {
         "argv": sys.argv if argv is None else ["experiments/host_pool_sweep.py", *argv],
         "host_blocks": host_blocks,
@@ -334,13 +295,8 @@ def main(argv: list[str] | None = None) -> int:
         "command": shlex.join(cmd),
         "wall_s": round(wall, 2),
     }
-    if proc.returncode != 0:
-        tail = "\n".join(log.read_text().splitlines()[-20:])
-        print(
-            f"host_pool_sweep: servesim failed ({proc.returncode}); {log}:\n{tail}",
-            file=sys.stderr,
-        )
-        return proc.returncode
+    if code != 0:
+        return code
     print(f"  done in {wall:.1f} s", flush=True)
 
     table = sweep_table(sweep_dir)

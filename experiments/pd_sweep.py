@@ -40,11 +40,8 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import importlib.util
 import json
 import shlex
-import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -53,7 +50,8 @@ import pandas as pd
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from collect import collect  # noqa: E402
+from collect import collect, joblib_available, run_multirun, servesim_command  # noqa: E402
+from collect import markdown as markdown_table  # noqa: E402
 
 EXPERIMENT = "pd_ratio"
 
@@ -97,22 +95,6 @@ SHOWN = (
 def splits(gpus: int) -> list[tuple[int, int]]:
     """(prefill, decode) workers of every split of `gpus` one-GPU workers: 1P(N-1)D first."""
     return [(p, gpus - p) for p in range(1, gpus)]
-
-
-def servesim_command() -> list[str]:
-    """The servesim console script next to this interpreter, else `python -m model.cli`."""
-    script = Path(sys.executable).parent / "servesim"
-    if script.exists():
-        return [str(script)]
-    found = shutil.which("servesim")
-    return [found] if found else [sys.executable, "-m", "model.cli"]
-
-
-def joblib_available() -> bool:
-    try:
-        return importlib.util.find_spec("hydra_plugins.hydra_joblib_launcher") is not None
-    except ModuleNotFoundError:
-        return False
 
 
 def multirun_args(
@@ -195,24 +177,10 @@ def sweep_table(out: Path) -> pd.DataFrame:
 
 
 def markdown(df: pd.DataFrame, digits: int = 1) -> str:
-    """A GitHub markdown table (no tabulate needed); floats rounded to `digits`, ratios to 3."""
-
-    def fmt(col: str, v: object) -> str:
-        if v is None or (isinstance(v, float) and pd.isna(v)):
-            return "-"
-        if isinstance(v, float):
-            return (
-                f"{v:,.3f}"
-                if ("fraction" in col or "ratio" in col or "rps" in col)
-                else (f"{v:,.{digits}f}")
-            )
-        return f"{v:,}" if isinstance(v, int) else str(v)
-
-    cols = list(df.columns)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-    for row in df.itertuples(index=False):
-        lines.append("| " + " | ".join(fmt(c, v) for c, v in zip(cols, row, strict=True)) + " |")
-    return "\n".join(lines)
+    """The table as markdown; fractions, ratios and rates (req/s) to 3 decimals."""
+    return markdown_table(
+        df, lambda c: "fraction" in c or "ratio" in c or "rps" in c, digits=digits
+    )
 
 
 def plot(table: pd.DataFrame, path: Path, slo: dict | None = None, title: str = "") -> Path:
@@ -330,17 +298,10 @@ def main(argv: list[str] | None = None) -> int:
         n_jobs = args.gpus - 1 if mode == "disagg" else 1
         print(f"pd_sweep: {mode}: {n_jobs} job(s) -> {sweep_dir}", flush=True)
         print("  " + shlex.join(cmd), flush=True)
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        log = sweep_dir / "servesim.log"
-        t0 = time.perf_counter()
-        with log.open("w") as fh:
-            proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=out)
-        wall = time.perf_counter() - t0
+        code, wall = run_multirun(cmd, sweep_dir, out, "pd_sweep")
         meta["multiruns"][mode] = {"command": shlex.join(cmd), "wall_s": round(wall, 2)}  # type: ignore[index]
-        if proc.returncode != 0:
-            tail = "\n".join(log.read_text().splitlines()[-20:])
-            print(f"pd_sweep: servesim failed ({proc.returncode}); {log}:\n{tail}", file=sys.stderr)
-            return proc.returncode
+        if code != 0:
+            return code
         print(f"  done in {wall:.1f} s", flush=True)
     total = time.perf_counter() - t_start
     meta["wall_s"] = round(total, 2)
