@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from model.config.schema import VllmEngineConfig
-from model.kv.block_pool import BlockPool
+from model.kv.block_pool import BlockPool, count_in, count_out
 from model.workload.hashing import BlockHasher
 from model.workload.request import Request, Status
 
@@ -441,9 +441,7 @@ class VllmScheduler:
         if not pool.allocate(req, n_host + n_disk):  # pragma: no cover - checked by caller
             raise RuntimeError(f"load check passed but allocation failed for {req}")
         self.tiers.g1_changed()
-        loading = self.loading_blocks
-        for k in keys:
-            loading[k] = loading.get(k, 0) + 1
+        count_in(self.loading_blocks, keys)
         self.waiting.popleft()
         req.status = Status.LOADING
         self.loading[req.idx] = req
@@ -455,13 +453,7 @@ class VllmScheduler:
             register those blocks, queue `req` ahead of the waiting requests."""
             n = n_host + n_disk
             self.pool.register_many(req, keys[:n])
-            loading = self.loading_blocks
-            for k in keys:
-                c = loading[k] - 1
-                if c:
-                    loading[k] = c
-                else:
-                    del loading[k]
+            count_out(self.loading_blocks, keys)
             del self.loading[req.idx]
             req.status = Status.WAITING
             req.loaded_blocks = hit + n

@@ -33,6 +33,38 @@ REMOVED = "removed"
 Key = Any  # int content hash (first copy) or (hash, serial) for a duplicate copy
 
 
+def count_in(counts: dict[Any, int], keys: list[Any]) -> None:
+    """One more holder of each of `keys` (a multiset kept as key -> count)."""
+    for key in keys:
+        counts[key] = counts.get(key, 0) + 1
+
+
+def count_out(counts: dict[Any, int], keys: list[Any]) -> list[Any]:
+    """One holder fewer of each of `keys`; returns the keys nobody holds any more."""
+    freed = []
+    for key in keys:
+        c = counts[key] - 1
+        if c:
+            counts[key] = c
+        else:
+            del counts[key]
+            freed.append(key)
+    return freed
+
+
+def evict_oldest(ordered: OrderedDict[Any, None], kept: dict[Any, int], n: int) -> list[Any]:
+    """Remove and return the n oldest keys of `ordered` that are not in `kept` (pinned)."""
+    victims = []
+    for key in ordered:
+        if key not in kept:
+            victims.append(key)
+            if len(victims) == n:
+                break
+    for key in victims:
+        del ordered[key]
+    return victims
+
+
 class BlockPool:
     __slots__ = (
         "capacity_blocks",
@@ -150,7 +182,7 @@ class BlockPool:
             copies = self.copies
             events = self.pending_events if self.record_events else None
             if self.n_pinned_inactive:
-                victims = self._unpinned_oldest(n_blocks - empty)
+                victims = evict_oldest(self.inactive, self.pinned, n_blocks - empty)
             else:
                 popitem = self.inactive.popitem
                 victims = [popitem(last=False)[0] for _ in range(n_blocks - empty)]
@@ -161,19 +193,6 @@ class BlockPool:
         self.n_private += n_blocks
         req.held_private_blocks += n_blocks
         return True
-
-    def _unpinned_oldest(self, n: int) -> list[Key]:
-        """Evict the n least recently released blocks that no copy is reading."""
-        pinned = self.pinned
-        victims = []
-        for key in self.inactive:
-            if key not in pinned:
-                victims.append(key)
-                if len(victims) == n:
-                    break
-        for key in victims:
-            del self.inactive[key]
-        return victims
 
     def _evicted(self, key: Key, events: list[tuple[str, int]] | None) -> None:
         """Bookkeeping after evicting `key`: drop it from its copies; `removed` when it was
@@ -255,20 +274,12 @@ class BlockPool:
     def pin(self, keys: list[Key]) -> None:
         """A copy out of this pool reads blocks (active ones, by key): released, they keep
         their place in the LRU but are not evicted until `unpin`."""
-        pinned = self.pinned
-        for key in keys:
-            pinned[key] = pinned.get(key, 0) + 1
+        count_in(self.pinned, keys)
 
     def unpin(self, keys: list[Key]) -> None:
         """A copy out of this pool landed: blocks nobody holds become evictable."""
-        pinned = self.pinned
         inactive = self.inactive
-        for key in keys:
-            c = pinned[key] - 1
-            if c:
-                pinned[key] = c
-                continue
-            del pinned[key]
+        for key in count_out(self.pinned, keys):
             if key in inactive:
                 self.n_pinned_inactive -= 1
         self.generation += 1

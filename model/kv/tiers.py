@@ -33,7 +33,7 @@ import simpy
 
 from model.config.derived import kv_block_bytes
 from model.config.schema import RunConfig, VllmEngineConfig
-from model.kv.block_pool import REMOVED, STORED
+from model.kv.block_pool import REMOVED, STORED, count_in, count_out, evict_oldest
 from model.kv.link import Link
 from model.metrics.recorder import Recorder
 from model.workload.request import Request
@@ -127,15 +127,8 @@ class TierPool:
         return missing
 
     def _evict(self, n: int) -> None:
-        pins = self.pins
-        victims = []
-        for k in self.resident:
-            if k not in pins:
-                victims.append(k)
-                if len(victims) == n:
-                    break
+        victims = evict_oldest(self.resident, self.pins, n)
         for k in victims:
-            del self.resident[k]
             self._event(REMOVED, k)
         self.n_evicted += len(victims)
 
@@ -150,19 +143,11 @@ class TierPool:
         self._sample()
 
     def pin(self, keys: list[int]) -> None:
-        pins = self.pins
-        for k in keys:
-            pins[k] = pins.get(k, 0) + 1
+        count_in(self.pins, keys)
         self._sample()
 
     def unpin(self, keys: list[int]) -> None:
-        pins = self.pins
-        for k in keys:
-            c = pins[k] - 1
-            if c:
-                pins[k] = c
-            else:
-                del pins[k]
+        count_out(self.pins, keys)
         self._sample()
 
     def _event(self, kind: str, h: int) -> None:
@@ -216,11 +201,7 @@ class RankTiers:
         """At a pass end (before finished requests let go of their blocks): copy each
         request's newly completed prompt blocks to G2."""
         bs = self.block_size
-        seen: set[int] = set()
-        for req, _n, _p, _b in batch.items:
-            if req.idx in seen:
-                continue
-            seen.add(req.idx)
+        for req, _n, _p, _b in batch.items:  # one item per request
             n_full = min(req.num_computed_tokens, req.input_length) // bs
             start = req.host_cursor
             if n_full <= start:
