@@ -28,13 +28,14 @@ from model.cluster.disagg import DisaggCluster
 from model.config.derived import num_gpu_blocks, role_engines, transfer_bytes_per_token
 from model.config.schema import ConcurrencyLoad, DisaggTopology, RunConfig
 from model.metrics.recorder import INCOMPLETE, Recorder
-from model.metrics.summary import summarize, tier_summary
+from model.metrics.summary import routing_summary, summarize, tier_summary
 from model.metrics.tables import (
     kv_events_table,
     kv_table,
     passes_table,
     requests_table,
     time_weighted_mean,
+    routing_table,
     transfers_table,
 )
 from model.workload.build import build_workload
@@ -61,6 +62,7 @@ class Result:
     kv: pd.DataFrame
     kv_events: pd.DataFrame
     transfers: pd.DataFrame
+    routing: pd.DataFrame = field(default_factory=pd.DataFrame)
     token_times: dict[str, np.ndarray] = field(default_factory=dict)
 
     def write(self, out_dir: str | Path) -> Path:
@@ -75,6 +77,8 @@ class Result:
                 tables["kv_events"] = self.kv_events
             if len(self.transfers):
                 tables["transfers"] = self.transfers
+            if len(self.routing):
+                tables["routing"] = self.routing
             for name, df in tables.items():
                 if output.format == "csv":
                     df.to_csv(out / f"{name}.csv", index=False)
@@ -228,7 +232,7 @@ def simulate(cfg: RunConfig) -> Result:
     workload = build_workload(cfg.workload, cfg.load, hasher, streams)
 
     env = Environment()
-    recorder = Recorder(per_token=cfg.output.per_token)
+    recorder = Recorder(per_token=cfg.output.per_token, keep_kv_events=cfg.output.kv_events)
     cluster_type = DisaggCluster if cfg.topology.kind == "disagg" else AggregatedCluster
     cluster = cluster_type(env, cfg, hasher, recorder, streams["router"])
     load = cfg.load
@@ -290,6 +294,8 @@ def simulate(cfg: RunConfig) -> Result:
         ratios = [u / capacity[name] for name, u in used.items()]
         summary["mean_kv_used_ratio"] = float(np.mean(ratios))
     summary.update(tier_summary(cluster.tiers.pools, kv, transfers, activity_end))
+    routing = routing_table(recorder)
+    summary.update(routing_summary(routing))
     summary["terminal_status_counts"] = {
         k: int(v) for k, v in requests["terminal_status"].value_counts().sort_index().items()
     }
@@ -327,5 +333,6 @@ def simulate(cfg: RunConfig) -> Result:
         kv,
         kv_events_table(recorder),
         transfers,
+        routing,
         token_times,
     )

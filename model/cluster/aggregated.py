@@ -11,7 +11,7 @@ from model.cluster.base import ClusterBase
 from model.config.derived import num_gpu_blocks
 from model.config.schema import AggregatedTopology, RunConfig
 from model.metrics.recorder import Recorder
-from model.router import build_router
+from model.router import KvRouter, build_router
 from model.timing import build_step_time
 from model.workload.hashing import BlockHasher
 from model.workload.request import Request
@@ -38,10 +38,27 @@ class AggregatedCluster(ClusterBase):
             hasher,
             self._completed,
         )
-        self.router = build_router(cfg.router, len(self.workers), router_rng, cfg.engine.dp_size)
+        self.router = build_router(
+            cfg.router,
+            len(self.workers),
+            router_rng,
+            cfg.engine.dp_size,
+            env=env,
+            engine=cfg.engine,
+            role="aggregated",
+            recorder=recorder,
+        )
+        self.router.send = self._send
+        self.attach_router(self.router, self.workers)
+        if isinstance(self.router, KvRouter):
+            for w in self.workers:
+                w.on_first_token = self.router.prefill_done
 
     def dispatch(self, req: Request) -> None:
-        """A request arrives now: stamp it and hand it to the worker the router picks."""
+        """A request arrives now: stamp it and hand it to the router (which sends it to a
+        worker now, or later if it keeps it waiting)."""
         self.arrive(req)
-        worker, rank = self.router.route(req)
+        self.router.submit(req)
+
+    def _send(self, req: Request, worker: int, rank: int) -> None:
         self.workers[worker].submit(req, rank)

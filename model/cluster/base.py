@@ -10,12 +10,14 @@ from collections.abc import Callable
 
 import simpy
 
+from model.config.derived import kv_events_on
 from model.config.schema import RunConfig, VllmEngineConfig
 from model.engine.vllm import VllmScheduler
 from model.engine.worker import Worker
 from model.kv.block_pool import BlockPool
 from model.kv.tiers import TierBuilder
 from model.metrics.recorder import COMPLETED, REJECTED, Recorder
+from model.router import KvRouter, Router
 from model.timing.base import StepTime
 from model.workload.hashing import BlockHasher
 from model.workload.request import Request, Status
@@ -43,6 +45,7 @@ class ClusterBase:
         self.stop_ms = cfg.stop.max_virtual_time_ms or math.inf
         self.workers: list[Worker] = []
         self.tiers = TierBuilder(env, cfg, recorder)
+        self.routers: list[Router] = []
 
     def build_pool(
         self,
@@ -64,7 +67,7 @@ class ClusterBase:
             scheds = [
                 VllmScheduler(
                     engine,
-                    BlockPool(n_blocks, engine.enable_prefix_caching, self.cfg.output.kv_events),
+                    BlockPool(n_blocks, engine.enable_prefix_caching, kv_events_on(self.cfg)),
                     hasher,
                     self._admitted,
                     role,
@@ -97,8 +100,28 @@ class ClusterBase:
         self.workers.extend(pool)
         return pool
 
+    def attach_router(self, router: Router, workers: list[Worker]) -> None:
+        """Let `router` hear about `workers`: their G1 (and G2/G3) KV events feed a KV
+        router's prefix index, flat target worker x dp_size + rank."""
+        self.routers.append(router)
+        if not isinstance(router, KvRouter):
+            return
+        index = router.index
+        for k, worker in enumerate(workers):
+            for rank in worker.ranks:
+                target = k * router.dp_size + rank.dp_rank
+                index.bind_device(rank.name, target)
+                tiers = rank.scheduler.tiers
+                if tiers is not None:
+                    index.bind_tiers(
+                        target, tiers.g2.name, tiers.g3.name if tiers.g3 is not None else None
+                    )
+        self.recorder.kv_listeners.append(index.on_event)
+
     def horizon(self) -> float:
         """The earliest time a request could next reach any worker."""
+        if any(r.has_waiting for r in self.routers):
+            return self.env.now  # any pass end may release a waiting request
         if self.completion_dispatches:
             # any event may dispatch; the stop time is not an event once the run reaches it
             return min(self.env.peek(), self.stop_ms)
@@ -124,6 +147,8 @@ class ClusterBase:
     def end(self, req: Request, status: str, reason: str = "") -> None:
         req.status = Status.DONE
         self.n_in_flight -= 1
+        for router in self.routers:
+            router.finished(req)
         self.recorder.request_terminal(req, status, self.env.now, reason)
         if req.done is not None:
             req.done.succeed()

@@ -92,11 +92,32 @@ class DisaggCluster(ClusterBase):
         }
         # each pool rotates over its scheduler ids (worker-major), as Dynamo's P/D replay
         self.prefill_router = build_router(
-            cfg.router, len(self.prefill), router_rng, engines["prefill"].dp_size, flat=True
+            cfg.router,
+            len(self.prefill),
+            router_rng,
+            engines["prefill"].dp_size,
+            flat=True,
+            env=env,
+            engine=engines["prefill"],
+            role="prefill",
+            recorder=recorder,
         )
         self.decode_router = build_router(
-            cfg.router, len(self.decode), router_rng, engines["decode"].dp_size, flat=True
+            cfg.router,
+            len(self.decode),
+            router_rng,
+            engines["decode"].dp_size,
+            flat=True,
+            env=env,
+            engine=engines["decode"],
+            role="decode",
+            recorder=recorder,
         )
+        self.prefill_router.send = self._to_prefill
+        self.decode_router.send = self._to_decode
+        # only prefill workers' KV events reach a router (the decode router balances load)
+        self.attach_router(self.prefill_router, self.prefill)
+        self.routers.append(self.decode_router)
         self.link_cfg = cfg.link
         self.kv_bytes_per_token = transfer_bytes_per_token(cfg)
         self.links: dict[tuple[int, int], Link] = {}
@@ -104,16 +125,20 @@ class DisaggCluster(ClusterBase):
         # requests whose prefill is done and whose decode has not begun (waiting for KV on a
         # decode rank, or in transfer), by request index
         self.between_pools: dict[int, Request] = {}
+        self.prefill_copies: dict[int, Request] = {}  # by request index, until handed off
 
     # ------------------------------------------------------------------ arrival
 
     def dispatch(self, req: Request) -> None:
         """A request arrives now: its prefill copy goes to the prefill worker the router picks."""
         self.arrive(req)
-        worker, rank = self.prefill_router.route(req)
+        self.prefill_router.submit(req)
+
+    def _to_prefill(self, req: Request, worker: int, rank: int) -> None:
         req.prefill_worker_idx = worker
         req.prefill_dp_rank = rank
         copy = req.prefill_copy()
+        self.prefill_copies[req.idx] = copy
         self.prefill[worker].submit(copy, rank)
 
     def _admitted(self, req: Request, reused_tokens: int, now_ms: float) -> None:
@@ -136,15 +161,21 @@ class DisaggCluster(ClusterBase):
         req = copy.parent
         assert req is not None
         req.source_held_ms = self.env.now
+        self.prefill_router.prefill_done(req)
+        self.prefill_router.finished(req)  # the prefill pool is done with it
         reason = self._never_fits_decode(req)
         if reason:
             source = self.prefill[req.prefill_worker_idx]
             source.ranks[req.prefill_dp_rank].scheduler.release_held(copy)
             source.sample_kv()
+            del self.prefill_copies[req.idx]
             self.end(req, REJECTED, reason)
             return
         self.between_pools[req.idx] = req
-        w, r = self.decode_router.route(req)
+        self.decode_router.submit(req)  # its load-only cost never makes a request wait
+
+    def _to_decode(self, req: Request, w: int, r: int) -> None:
+        copy = self.prefill_copies.pop(req.idx)
         req.worker_idx, req.dp_rank = w, r
         dest = self.destinations[(w, r)]
         self._accepted += 1

@@ -149,3 +149,9 @@ def check_kv_tiers(cfg: RunConfig) -> None:
             f"{shared[0]}.scope=cluster_shared needs one physical KV layout on every worker "
             f"that shares the pool (block size x KV bytes per token per GPU); found {found}"
         )
+
+
+def kv_events_on(cfg: RunConfig) -> bool:
+    """Whether KV pools publish stored/removed events: for the kv_events table, or for a KV
+    router's prefix index."""
+    return cfg.output.kv_events or cfg.router.kind == "kv"

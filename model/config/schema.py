@@ -252,7 +252,52 @@ class RandomRouter(Schema):
     kind: Literal["random"] = "random"
 
 
-RouterConfig = Annotated[RoundRobinRouter | RandomRouter, Field(discriminator="kind")]
+class AffinityConfig(Schema):
+    """Session affinity of the KV router: requests of one key go to the (worker, rank) the
+    key's first request was routed to, while the binding lives."""
+
+    mode: Literal["off", "session", "sibling_group"] = Field(
+        "off",
+        description="off; session: key = session id; sibling_group: key = the session's "
+        "parent conversation (sessions of one group share a binding)",
+    )
+    ttl_seconds: float = Field(
+        3600.0,
+        ge=1.0,
+        le=31_536_000.0,
+        allow_inf_nan=False,
+        description="a binding with no request in flight expires after this idle time",
+    )
+
+
+class KvRouter(Schema):
+    """Dynamo's KV-aware router: per (worker, rank) cost = prefill_load_scale x max(0,
+    prefill blocks - overlap credit) + decode blocks + decode_active_request_weight x active
+    requests; the minimum wins (seeded random tie-break), or a softmax draw when
+    temperature > 0. Defaults are the mocker's (ai-dynamo-runtime 1.6.1)."""
+
+    kind: Literal["kv"] = "kv"
+    overlap_score_credit: float = Field(
+        1.0, ge=0.0, le=1.0, allow_inf_nan=False, description="credit per device-cached block"
+    )
+    prefill_load_scale: NonNegFloat = 1.0
+    host_cache_hit_weight: NonNegFloat = Field(0.75, description="credit per host-cached block")
+    disk_cache_hit_weight: NonNegFloat = Field(0.25, description="credit per disk-cached block")
+    decode_active_request_weight: NonNegFloat = 0.0
+    temperature: NonNegFloat = Field(0.0, description="0: minimum cost; > 0: softmax sampling")
+    queue_threshold: NonNegFloat | None = Field(
+        None,
+        description="requests wait in the router while every candidate has more than "
+        "queue_threshold x max_num_batched_tokens prompt tokens not yet prefilled; null = never",
+    )
+    queue_policy: Literal["fcfs", "lcfs", "wspt"] = "fcfs"
+    kv_event_lag_ms: NonNegFloat = Field(
+        0.0, description="KV events reach the router's prefix index this much later"
+    )
+    affinity: AffinityConfig = Field(default_factory=AffinityConfig)
+
+
+RouterConfig = Annotated[RoundRobinRouter | RandomRouter | KvRouter, Field(discriminator="kind")]
 
 
 # --------------------------------------------------------------------------- KV tiers

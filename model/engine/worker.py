@@ -102,6 +102,8 @@ class Worker:
         # called between passes when blocks were given back outside a pass (a tier copy
         # landed); a P/D decode worker retries its reservations there
         self.on_kv_freed: Callable[[Worker], None] | None = None
+        # called at a request's first token (a KV router's load view)
+        self.on_first_token: Callable[[Request], None] | None = None
         self._wake: simpy.Event | None = None
         self.process = env.process(self.run())
 
@@ -286,6 +288,8 @@ class Worker:
                 k = req.num_output_tokens
                 if k == 1:
                     req.first_token_ms = end
+                    if self.on_first_token is not None:
+                        self.on_first_token(req)
                 elif k == 2:
                     req.second_token_ms = end
                 req.last_token_ms = end

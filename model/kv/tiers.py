@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import simpy
 
-from model.config.derived import kv_block_bytes
+from model.config.derived import kv_block_bytes, kv_events_on
 from model.config.schema import RunConfig, VllmEngineConfig
 from model.kv.block_pool import REMOVED, STORED, count_in, count_out, evict_oldest
 from model.kv.link import Link
@@ -383,7 +383,7 @@ class TierBuilder:
 
     def _pool(self, name: str, tier: str, n: int, worker: int, rank: int, order: int) -> TierPool:
         pool = TierPool(
-            self.env, name, tier, n, self.recorder, self.cfg.output.kv_events, worker, rank, order
+            self.env, name, tier, n, self.recorder, kv_events_on(self.cfg), worker, rank, order
         )
         self.pools.append(pool)
         return pool

@@ -97,6 +97,22 @@ KV_EVENT_COLUMNS = (
     "worker_order",  # sort key (workers across pools, prefill first); not in the table
 )
 
+# one row per routing decision (the KV router's; Dynamo's per-request routing_history)
+ROUTING_COLUMNS = (
+    "request_id",
+    "pool",  # agg | prefill | decode
+    "outcome",  # immediate | queued
+    "queue_entered_ms",
+    "released_ms",
+    "queue_wait_ms",
+    "worker",
+    "dp_rank",
+    "scheduler_id",  # worker x dp_size + dp_rank
+    "selected_overlap_blocks",  # the chosen target's device overlap, as the router saw it
+    "best_overlap_blocks",  # the best device overlap any target had
+    "overlap_regret_blocks",  # best - selected
+)
+
 COMPLETED = "completed"
 REJECTED = "rejected"
 INCOMPLETE = "incomplete"
@@ -104,8 +120,13 @@ NAN = float("nan")
 
 
 class Recorder:
-    def __init__(self, per_token: bool = False) -> None:
+    def __init__(self, per_token: bool = False, keep_kv_events: bool = True) -> None:
         self.per_token = per_token
+        # KV events go to the table only when asked for; listeners (a KV router's prefix
+        # index) hear every one: (t_ms, pool, kind, block_hash)
+        self.keep_kv_events = keep_kv_events
+        self.kv_listeners: list[Callable[[float, str, str, int], None]] = []
+        self.routing: list[tuple] = []
         self.requests: list[tuple] = []
         self.passes = {name: array(code) for name, code in PASS_COLUMNS.items()}
         p = self.passes
@@ -273,7 +294,42 @@ class Recorder:
         worker_order: int,
     ) -> None:
         """A block `stored` in or `removed` from `pool` (a rank's name, e.g. cluster.d0)."""
+        for listener in self.kv_listeners:
+            listener(t_ms, pool, kind, block_hash)
+        if not self.keep_kv_events:
+            return
         self.kv_events.append(
             (t_ms, pool, worker, dp_rank, self._n_kv_events, kind, tier, block_hash, worker_order)
         )
         self._n_kv_events += 1
+
+    def routed(
+        self,
+        request_id: str,
+        pool: str,
+        outcome: str,
+        entered_ms: float,
+        released_ms: float,
+        worker: int,
+        dp_rank: int,
+        scheduler_id: int,
+        selected_overlap_blocks: int,
+        best_overlap_blocks: int,
+    ) -> None:
+        """One routing decision (see ROUTING_COLUMNS)."""
+        self.routing.append(
+            (
+                request_id,
+                pool,
+                outcome,
+                entered_ms,
+                released_ms,
+                released_ms - entered_ms,
+                worker,
+                dp_rank,
+                scheduler_id,
+                selected_overlap_blocks,
+                best_overlap_blocks,
+                best_overlap_blocks - selected_overlap_blocks,
+            )
+        )

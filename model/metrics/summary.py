@@ -183,3 +183,20 @@ def tier_summary(
         out[f"{tier}_evicted_blocks"] = sum(p.n_evicted for p in mine)
         out[f"{tier}_dropped_blocks"] = sum(p.n_dropped for p in mine)
     return out
+
+
+def routing_summary(routing: pd.DataFrame) -> dict[str, Any]:
+    """What the KV router did (empty for the other routers): decisions by outcome, the mean
+    and p90 wait of queued ones, and the mean overlap regret, per pool."""
+    out: dict[str, Any] = {}
+    for pool, rows in routing.groupby("pool", sort=True):
+        queued = rows[rows["outcome"] == "queued"]
+        out[f"router_{pool}_decisions"] = int(len(rows))
+        out[f"router_{pool}_queued"] = int(len(queued))
+        waits = queued["queue_wait_ms"]
+        out[f"router_{pool}_mean_queue_wait_ms"] = float(waits.mean()) if len(waits) else 0.0
+        out[f"router_{pool}_p90_queue_wait_ms"] = float(waits.quantile(0.9)) if len(waits) else 0.0
+        out[f"router_{pool}_mean_overlap_regret_blocks"] = float(
+            rows["overlap_regret_blocks"].mean()
+        )
+    return out

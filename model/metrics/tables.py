@@ -10,6 +10,7 @@ from model.metrics.recorder import (
     KV_EVENT_COLUMNS,
     REQUEST_COLUMNS,
     ROLES,
+    ROUTING_COLUMNS,
     TRANSFER_COLUMNS,
     Recorder,
 )
@@ -94,3 +95,8 @@ def time_weighted_mean(kv: pd.DataFrame, column: str, end_ms: float) -> pd.Serie
 def transfers_table(rec: Recorder) -> pd.DataFrame:
     """One row per KV transfer, in completion order."""
     return pd.DataFrame.from_records(rec.transfers, columns=list(TRANSFER_COLUMNS))
+
+
+def routing_table(rec: Recorder) -> pd.DataFrame:
+    """One row per routing decision of a KV router, in decision order."""
+    return pd.DataFrame.from_records(rec.routing, columns=list(ROUTING_COLUMNS))

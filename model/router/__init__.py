@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import numpy as np
+import simpy
 
+from model.config.schema import KvRouter as KvRouterConfig
 from model.config.schema import RandomRouter as RandomRouterConfig
-from model.config.schema import RouterConfig
+from model.config.schema import RouterConfig, VllmEngineConfig
+from model.metrics.recorder import Recorder
 from model.router.base import Router
+from model.router.kv import KvRouter
 from model.router.random import RandomRouter
 from model.router.round_robin import RoundRobin
 
@@ -17,12 +21,31 @@ def build_router(
     rng: np.random.Generator,
     dp_size: int = 1,
     flat: bool = False,
+    *,
+    env: simpy.Environment | None = None,
+    engine: VllmEngineConfig | None = None,
+    role: str = "aggregated",
+    recorder: Recorder | None = None,
 ) -> Router:
     """The configured policy over `num_workers` workers of `dp_size` ranks each (`flat`: rotate
-    over all ranks worker-major, as for P/D pools)."""
+    over all ranks worker-major, as for P/D pools). The KV router also needs the simulation
+    (`env`), the pool's `engine` (block size, token budget), its `role` and the `recorder`."""
+    if isinstance(cfg, KvRouterConfig):
+        assert env is not None and engine is not None and recorder is not None
+        return KvRouter(
+            env,
+            cfg,
+            num_workers,
+            dp_size,
+            rng,
+            engine.block_size,
+            engine.max_num_batched_tokens,
+            role,
+            recorder,
+        )
     if isinstance(cfg, RandomRouterConfig):
         return RandomRouter(num_workers, rng, dp_size)
     return RoundRobin(num_workers, dp_size, flat)
 
 
-__all__ = ["Router", "build_router"]
+__all__ = ["KvRouter", "Router", "build_router"]

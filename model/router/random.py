@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from model.router.base import Router
 from model.workload.request import Request
 
 
-class RandomRouter:
+class RandomRouter(Router):
     def __init__(self, num_workers: int, rng: np.random.Generator, dp_size: int = 1) -> None:
+        super().__init__()
         self.num_workers = num_workers
         self.dp_size = dp_size
         self.rng = rng

@@ -5,11 +5,13 @@ does for aggregated workers. Its P/D pools instead rotate over the flat list of 
 
 from __future__ import annotations
 
+from model.router.base import Router
 from model.workload.request import Request
 
 
-class RoundRobin:
+class RoundRobin(Router):
     def __init__(self, num_workers: int, dp_size: int = 1, flat: bool = False) -> None:
+        super().__init__()
         self.num_workers = num_workers
         self.dp_size = dp_size
         self.flat = flat

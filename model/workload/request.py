@@ -35,6 +35,7 @@ class Request:
         "prompt_hashes",
         "planned_arrival_ms",
         "delay_ms",
+        "affinity_group",  # the key sibling_group affinity binds by (None: no lineage)
         # scheduler state
         "status",
         "worker_idx",
@@ -58,6 +59,7 @@ class Request:
         "materialized",
         "accept_seq",
         "parent",
+        "router_entered_ms",  # when the router put it aside (waiting for its key's binding)
         "reserved",
         # record
         "arrival_ms",
@@ -107,6 +109,8 @@ class Request:
         self.prompt_hashes = prompt_hashes
         self.planned_arrival_ms = planned_arrival_ms
         self.delay_ms = delay_ms
+        self.affinity_group: str | None = None
+        self.router_entered_ms = 0.0
 
         self.status = Status.PENDING
         self.worker_idx = -1

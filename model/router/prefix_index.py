@@ -1,0 +1,168 @@
+"""What the router believes each (worker, DP rank) caches: a prefix index fed only by KV events.
+
+Block ids are parent-chained (`model.workload.hashing`), so a block id stands for its whole
+prefix and "the leading blocks of a prompt that target t holds" is a walk down the prompt's ids
+while t still holds each one. `Holders` keeps, per block id, which targets hold it (with a count),
+so one walk scores every target at once: its cost is the sum, over the prompt's leading blocks,
+of how many targets still match, never the number of targets times the prompt length.
+
+`PrefixIndex` has one `Holders` for the device tier (G1 pools' `stored` / `removed` events)
+and, per host/disk tier pool, the set of ids it holds. A target's host overlap is the run of
+blocks after its device prefix found in its host pool (the blocks a G2 load would bring back),
+its disk overlap the run after that found in its disk pool, as the engine's admission looks them
+up. With `lag_ms` > 0 an event becomes visible that much after it happened (`advance(now)`
+applies what is due before a decision).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+from model.kv.block_pool import STORED
+
+
+class Holders:
+    """Block id -> {target: count}: who holds each block."""
+
+    __slots__ = ("by_block",)
+
+    def __init__(self) -> None:
+        self.by_block: dict[int, dict[int, int]] = {}
+
+    def add(self, target: int, blocks: Sequence[int]) -> None:
+        by_block = self.by_block
+        for h in blocks:
+            holders = by_block.get(h)
+            if holders is None:
+                by_block[h] = {target: 1}
+            else:
+                holders[target] = holders.get(target, 0) + 1
+
+    def remove(self, target: int, blocks: Sequence[int]) -> None:
+        by_block = self.by_block
+        for h in blocks:
+            holders = by_block.get(h)
+            if holders is None or target not in holders:
+                continue  # a removal of what was never seen (e.g. stored before a lag cut-off)
+            n = holders[target] - 1
+            if n:
+                holders[target] = n
+            else:
+                del holders[target]
+                if not holders:
+                    del by_block[h]
+
+    def depths(self, blocks: Sequence[int], n_targets: int) -> list[int]:
+        """For each target, how many leading `blocks` it holds."""
+        out = [0] * n_targets
+        by_block = self.by_block
+        alive: set[int] | None = None
+        depth = 0
+        for h in blocks:
+            holders = by_block.get(h)
+            if not holders:
+                break
+            now_alive = set(holders) if alive is None else alive.intersection(holders)
+            if alive is not None:
+                for t in alive - now_alive:
+                    out[t] = depth
+            alive = now_alive
+            if not alive:
+                break
+            depth += 1
+        if alive:
+            for t in alive:
+                out[t] = depth
+        return out
+
+
+class PrefixIndex:
+    """The router's view of what every target caches, per tier, from KV events only."""
+
+    def __init__(self, n_targets: int, lag_ms: float = 0.0) -> None:
+        self.n_targets = n_targets
+        self.lag_ms = lag_ms
+        self.device = Holders()
+        self.device_pool: dict[str, int] = {}  # G1 pool name -> target
+        self.tier_blocks: dict[str, set[int]] = {}  # host/disk pool name -> ids it holds
+        self.host_pools: list[str | None] = [None] * n_targets
+        self.disk_pools: list[str | None] = [None] * n_targets
+        self._due: list[tuple[float, int, str, str, int]] = []  # (visible_ms, seq, pool, kind, h)
+        self._seq = 0
+        self.n_events = 0
+
+    def bind_device(self, pool: str, target: int) -> None:
+        self.device_pool[pool] = target
+
+    def bind_tiers(self, target: int, host: str | None, disk: str | None) -> None:
+        for name in (host, disk):
+            if name is not None:
+                self.tier_blocks.setdefault(name, set())
+        self.host_pools[target] = host
+        self.disk_pools[target] = disk
+
+    @property
+    def has_tiers(self) -> bool:
+        return bool(self.tier_blocks)
+
+    def on_event(self, t_ms: float, pool: str, kind: str, block_hash: int) -> None:
+        """A KV event happened at `t_ms` (events of pools the router does not route to are
+        ignored)."""
+        if pool not in self.device_pool and pool not in self.tier_blocks:
+            return
+        if self.lag_ms > 0.0:
+            heapq.heappush(self._due, (t_ms + self.lag_ms, self._seq, pool, kind, block_hash))
+            self._seq += 1
+        else:
+            self._apply(pool, kind, block_hash)
+
+    def advance(self, now_ms: float) -> None:
+        """Apply every lagged event visible by `now_ms`."""
+        due = self._due
+        while due and due[0][0] <= now_ms:
+            _, _, pool, kind, h = heapq.heappop(due)
+            self._apply(pool, kind, h)
+
+    def _apply(self, pool: str, kind: str, h: int) -> None:
+        self.n_events += 1
+        target = self.device_pool.get(pool)
+        if target is not None:
+            if kind == STORED:
+                self.device.add(target, (h,))
+            else:
+                self.device.remove(target, (h,))
+            return
+        blocks = self.tier_blocks[pool]
+        if kind == STORED:
+            blocks.add(h)
+        else:
+            blocks.discard(h)
+
+    def overlaps(self, blocks: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
+        """Per target: leading blocks held on device, then the run after it held in the host
+        pool, then the run after that held on disk."""
+        n = self.n_targets
+        device = self.device.depths(blocks, n)
+        host = [0] * n
+        disk = [0] * n
+        if self.has_tiers:
+            for t in range(n):
+                k = device[t]
+                h_name = self.host_pools[t]
+                if h_name is not None:
+                    k = _run(self.tier_blocks[h_name], blocks, k)
+                    host[t] = k - device[t]
+                d_name = self.disk_pools[t]
+                if d_name is not None:
+                    disk[t] = _run(self.tier_blocks[d_name], blocks, k) - k
+        return device, host, disk
+
+
+def _run(held: set[int], blocks: Sequence[int], start: int) -> int:
+    """The index of the first of `blocks[start:]` not in `held`."""
+    k = start
+    n = len(blocks)
+    while k < n and blocks[k] in held:
+        k += 1
+    return k
