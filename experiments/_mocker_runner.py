@@ -6,7 +6,7 @@ library only:
     /work/venvs/dynamo/bin/python experiments/_mocker_runner.py REQUEST.json RESULT.json
 
 REQUEST.json is `{"trace_files": [...], "kwargs": {...}}` (keyword arguments of
-`dynamo._core.run_mocker_trace_replay`); RESULT.json receives
+`dynamo._core.run_mocker_trace_replay`; a `router_config` dict becomes a `KvRouterConfig`); RESULT.json receives
 `{"summary": {...}, "call_wall_s": float, "coverage": {...}}`. compare_dynamo.py also imports
 `run()` directly when `dynamo._core` is importable in its own interpreter.
 """
@@ -23,6 +23,9 @@ def run(trace_files: list[str], kwargs: dict[str, Any]) -> dict[str, Any]:
     """One offline replay; the summary, the host wall time of the call and the coverage."""
     import dynamo._core as core
 
+    kwargs = dict(kwargs)
+    if isinstance(kwargs.get("router_config"), dict):  # JSON cannot carry the object
+        kwargs["router_config"] = core.KvRouterConfig.from_json(json.dumps(kwargs["router_config"]))
     start = time.perf_counter()
     result = core.run_mocker_trace_replay(list(trace_files), **kwargs)
     wall = time.perf_counter() - start

@@ -24,8 +24,13 @@ For every trace x cluster shape this runs
     `kv_bytes_per_token` (link.kv_bytes_per_token, or the llm geometry: 131072 for
     Llama-3.1-8B) and `kv_transfer_timing_mode` (link.timing_mode). No `extra_engine_args`.
 
+  - router=kv: `router_mode="kv_router"`, `router_config` (a `KvRouterConfig` built from
+    servesim's router.* knobs: overlap_score_credit, prefill_load_scale, host/disk hit
+    weights, decode_active_request_weight, router_temperature, router_queue_threshold,
+    router_queue_policy) and `kv_event_lag_ms`; round_robin: `router_mode="round_robin"`.
+
   A setting the mocker cannot express stops the run (exit status 2): another timing model or
-  polynomial coefficients, a random router, a non-Mooncake workload, a rate load; in P/D also
+  polynomial coefficients, a random router, session affinity (router.affinity.mode), a non-Mooncake workload, a rate load; in P/D also
   link.latency_ms > 0 (e.g. link=infiniband), link.contention other than per_request,
   link.state_bytes > 0 and per-pair links (link.pairs).
 
@@ -94,6 +99,7 @@ from model.config.schema import (
     ConcurrencyLoad,
     DisaggTopology,
     FixedTiming,
+    KvRouter,
     MooncakeWorkload,
     PolynomialTiming,
     RoundRobinRouter,
@@ -323,6 +329,37 @@ def _disagg_args(
     return out
 
 
+def _router_args(cfg: RunConfig, problems: list[str]) -> dict[str, Any]:
+    """`router_mode` and, for router=kv, `router_config` (the fields of the mocker's
+    KvRouterConfig, as JSON; the runner builds the object) and `kv_event_lag_ms`."""
+    router = cfg.router
+    if isinstance(router, RoundRobinRouter):
+        return {"router_mode": "round_robin"}
+    if not isinstance(router, KvRouter):
+        problems.append(f"router={router.kind}: the mocker replays with round_robin or kv only")
+        return {}
+    if router.affinity.mode != "off":
+        problems.append(
+            "router.affinity.mode: the mocker's offline replay (1.6.1) has no session affinity"
+        )
+    out: dict[str, Any] = {
+        "router_mode": "kv_router",
+        "router_config": {
+            "overlap_score_credit": router.overlap_score_credit,
+            "prefill_load_scale": router.prefill_load_scale,
+            "host_cache_hit_weight": router.host_cache_hit_weight,
+            "disk_cache_hit_weight": router.disk_cache_hit_weight,
+            "decode_active_request_weight": router.decode_active_request_weight,
+            "router_temperature": router.temperature,
+            "router_queue_threshold": router.queue_threshold,
+            "router_queue_policy": router.queue_policy,
+        },
+    }
+    if router.kv_event_lag_ms > 0:
+        out["kv_event_lag_ms"] = router.kv_event_lag_ms
+    return out
+
+
 def mocker_kwargs(cfg: RunConfig) -> dict[str, Any]:
     """Keyword arguments of `run_mocker_trace_replay` equivalent to servesim's `cfg` (the
     trace list and report path aside). Raises UnsupportedConfig naming every setting the
@@ -338,9 +375,7 @@ def mocker_kwargs(cfg: RunConfig) -> dict[str, Any]:
         kwargs |= _disagg_args(cfg, timing_model, problems)
     else:
         kwargs["num_workers"] = cfg.topology.num_workers
-    kwargs["router_mode"] = "round_robin"
-    if not isinstance(cfg.router, RoundRobinRouter):
-        problems.append(f"router={cfg.router.kind}: the mocker replays with round_robin only")
+    kwargs |= _router_args(cfg, problems)
     workload = cfg.workload
     if isinstance(workload, MooncakeWorkload):
         kwargs["trace_block_size"] = workload.trace_block_size

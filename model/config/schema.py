@@ -509,6 +509,30 @@ class RunConfig(Schema):
         return self
 
     @model_validator(mode="after")
+    def _kv_router_applies(self) -> RunConfig:
+        router = self.router
+        if not isinstance(router, KvRouter):
+            return self
+        topo = self.topology
+        if isinstance(topo, AggregatedTopology):
+            targets = topo.num_workers * self.engine.dp_size
+            if targets < 2:
+                raise ValueError(
+                    "router=kv requires more than one routable worker (topology.num_workers x "
+                    f"engine.dp_size = {targets}); use router=round_robin for one"
+                )
+        if router.affinity.mode == "sibling_group":
+            w = self.workload
+            if not (isinstance(w, SyntheticWorkload) and w.num_prefix_groups > 0):
+                raise ValueError(
+                    "router.affinity.mode=sibling_group requires conversation lineage (a "
+                    "family per session); workload="
+                    f"{w.kind} has none here (synthetic workloads with num_prefix_groups > 0 "
+                    "do); use router.affinity.mode=session"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _link_pairs_in_range(self) -> RunConfig:
         topo = self.topology
         if not isinstance(topo, DisaggTopology):

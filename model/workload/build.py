@@ -119,6 +119,7 @@ def build_workload(
             turn_index=turn,
             delay_ms=delay,
         )
+        req.affinity_group = row.group_id
         if session is None:
             session = [req]
             sessions.append(session)

@@ -24,6 +24,8 @@ class TraceRow:
     session_id: str | None = None
     delay_ms: float | None = None
     request_id: str | None = None
+    # the conversation family a row belongs to (sibling_group affinity's key); None: no lineage
+    group_id: str | None = None
 
 
 class SkipCounter:

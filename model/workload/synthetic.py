@@ -97,6 +97,8 @@ def generate(
                 session_id=sid if cfg.turns_per_session > 1 else None,
                 delay_ms=cfg.inter_turn_delay_ms if t > 0 else None,
                 request_id=f"{sid}t{t}",
+                # sessions of one prefix group are one family (sibling_group affinity)
+                group_id=f"g{group}" if group is not None else None,
             )
             prev_ids, prev_len = ids, length
             context_len = length + out
