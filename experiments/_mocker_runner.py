@@ -6,7 +6,8 @@ library only:
     /work/venvs/dynamo/bin/python experiments/_mocker_runner.py REQUEST.json RESULT.json
 
 REQUEST.json is `{"trace_files": [...], "kwargs": {...}}` (keyword arguments of
-`dynamo._core.run_mocker_trace_replay`; a `router_config` dict becomes a `KvRouterConfig`); RESULT.json receives
+`dynamo._core.run_mocker_trace_replay`; a `router_config` dict becomes a `KvRouterConfig`);
+RESULT.json receives
 `{"summary": {...}, "call_wall_s": float, "coverage": {...}}`. compare_dynamo.py also imports
 `run()` directly when `dynamo._core` is importable in its own interpreter.
 """

@@ -30,7 +30,8 @@ For every trace x cluster shape this runs
     router_queue_policy) and `kv_event_lag_ms`; round_robin: `router_mode="round_robin"`.
 
   A setting the mocker cannot express stops the run (exit status 2): another timing model or
-  polynomial coefficients, a random router, session affinity (router.affinity.mode), a non-Mooncake workload, a rate load; in P/D also
+  polynomial coefficients, a random router, session affinity (router.affinity.mode), a
+  non-Mooncake workload, a rate load; in P/D also
   link.latency_ms > 0 (e.g. link=infiniband), link.contention other than per_request,
   link.state_bytes > 0 and per-pair links (link.pairs).
 

@@ -34,8 +34,8 @@ from model.metrics.tables import (
     kv_table,
     passes_table,
     requests_table,
-    time_weighted_mean,
     routing_table,
+    time_weighted_mean,
     transfers_table,
 )
 from model.workload.build import build_workload

@@ -301,7 +301,8 @@ class KvRouter(Router):
             key = max(1, req.input_length - max(overlaps[0]) * self.block_size)
         self._seq += 1
         w = _Waiting((key, self._seq), req, overlaps, pinned, entered_ms)
-        heapq.heappush(self.bound_queue.setdefault(pinned, []) if pinned >= 0 else self.shared_queue, w)
+        queue = self.bound_queue.setdefault(pinned, []) if pinned >= 0 else self.shared_queue
+        heapq.heappush(queue, w)
         self.n_waiting += 1
 
     def _drain(self, t: int) -> None:

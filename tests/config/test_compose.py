@@ -148,3 +148,49 @@ def test_interpolated_profile_from_a_file_runs(tmp_path):
 def test_a_misspelt_experiment_is_an_error():
     with pytest.raises(Exception, match="experiment/nope"):
         composed(["experiment=nope"])
+
+
+@pytest.mark.parametrize(
+    "override,path",
+    [
+        ("router.host_cache_hit_weight=-0.5", "router.host_cache_hit_weight"),
+        ("router.decode_active_request_weight=-1", "router.decode_active_request_weight"),
+        ("router.overlap_score_credit=1.5", "router.overlap_score_credit"),
+        ("router.temperature=inf", "router.temperature"),
+        ("router.temperature=nan", "router.temperature"),
+        ("router.affinity.ttl_seconds=0.5", "router.affinity.ttl_seconds"),
+        ("router.affinity.ttl_seconds=40000000", "router.affinity.ttl_seconds"),
+        ("router.queue_policy=sjf", "router.queue_policy"),
+    ],
+)
+def test_bad_kv_router_values_name_their_path(override, path, tmp_path):
+    with pytest.raises(ConfigError, match=path.replace(".", r"\.")):
+        validated(["router=kv", "topology.num_workers=2", override], tmp_path)
+
+
+def test_kv_router_needs_more_than_one_routable_worker(tmp_path):
+    with pytest.raises(ConfigError, match="more than one routable worker"):
+        validated(["router=kv", "topology.num_workers=1"], tmp_path)
+    # two attention-DP ranks of one worker are two targets
+    validated(["router=kv", "topology.num_workers=1", "+engine.dp_size=2"], tmp_path)
+    # a P/D pool of one prefill worker routes trivially
+    validated(["router=kv", "topology=disagg"], tmp_path)
+
+
+def test_sibling_group_affinity_needs_lineage(tmp_path):
+    with pytest.raises(ConfigError, match="sibling_group requires conversation lineage"):
+        validated(
+            [
+                "router=kv",
+                "topology.num_workers=2",
+                "router.affinity.mode=sibling_group",
+                "workload=mooncake",
+            ],
+            tmp_path,
+        )
+
+
+def test_dynamo_compat_takes_the_kv_router(tmp_path):
+    cfg = validated(["experiment=dynamo_compat", "router=kv", "topology.num_workers=2"], tmp_path)
+    assert cfg.router.kind == "kv" and cfg.router.queue_threshold is None
+    assert cfg.router.overlap_score_credit == 1.0 and cfg.router.temperature == 0.0
