@@ -160,8 +160,11 @@ class ClusterBase:
         self.end(req.parent or req, REJECTED, reason)
 
     def in_flight(self) -> list[Request]:
-        """Requests dispatched but not ended, worker by worker (running, then waiting)."""
+        """Requests dispatched but not ended: those waiting in a router, then worker by worker
+        (running, then waiting)."""
         out: list[Request] = []
+        for router in self.routers:
+            out.extend(router.waiting())
         for w in self.workers:
             for rank in w.ranks:
                 sched = rank.scheduler

@@ -26,6 +26,10 @@ class Router:
         """Whether requests wait in the router (a lifecycle edge may then dispatch)."""
         return False
 
+    def waiting(self) -> list[Request]:
+        """The requests waiting in the router (dispatched, not yet sent to a worker)."""
+        return []
+
     def route(self, req: Request) -> tuple[int, int]:
         """The (worker, attention-DP rank) that takes `req`."""
         raise NotImplementedError

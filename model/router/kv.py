@@ -145,6 +145,14 @@ class KvRouter(Router):
     def has_waiting(self) -> bool:
         return self.n_waiting > 0
 
+    def waiting(self) -> list[Request]:
+        out = [w.req for w in sorted(self.shared_queue)]
+        for queue in self.bound_queue.values():
+            out.extend(w.req for w in sorted(queue))
+        for b in self.bindings.values():
+            out.extend(b.waiters)
+        return out
+
     def submit(self, req: Request) -> None:
         now = self.env.now
         key = self._key(req)

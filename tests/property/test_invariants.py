@@ -56,7 +56,7 @@ def write_rows(rows) -> str:
     return f.name
 
 
-def run(rows, engine, workers, stop_ms=None, timing="fixed", topology=None, link=None):
+def run(rows, engine, workers, stop_ms=None, timing="fixed", topology=None, link=None, router=None):
     path = write_rows(rows)
     try:
         cfg = make_config(
@@ -67,6 +67,7 @@ def run(rows, engine, workers, stop_ms=None, timing="fixed", topology=None, link
             else {"kind": "polynomial"},
             topology=topology or {"num_workers": workers},
             link=link or {},
+            router=router or {"kind": "round_robin"},
             stop={"max_virtual_time_ms": stop_ms},
             output={"progress": "off", "kv_events": True},
         )
@@ -192,6 +193,50 @@ def test_fast_forward_gives_the_step_by_step_answer(rows, engine, workers, max_m
     pd.testing.assert_frame_equal(fast.passes, step.passes)
     pd.testing.assert_frame_equal(fast.kv, step.kv)
     pd.testing.assert_frame_equal(fast.kv_events, step.kv_events)
+
+
+kv_router_strategy = st.fixed_dictionaries(
+    {
+        "kind": st.just("kv"),
+        "queue_threshold": st.sampled_from([None, 0.0, 0.5, 2.0]),
+        "queue_policy": st.sampled_from(["fcfs", "lcfs", "wspt"]),
+        "temperature": st.sampled_from([0.0, 0.0, 1.0]),
+        "kv_event_lag_ms": st.sampled_from([0.0, 0.0, 25.0]),
+        "decode_active_request_weight": st.sampled_from([0.0, 2.0]),
+    }
+)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    rows=rows_strategy,
+    engine=engine_strategy,
+    workers=st.integers(2, 3),
+    router=kv_router_strategy,
+    stop_ms=st.sampled_from([None, None, 500.0]),
+)
+def test_kv_router_loses_nothing_and_fast_forward_changes_nothing(
+    rows, engine, workers, router, stop_ms
+):
+    """With the KV router (any queue threshold, policy, temperature, lag) every request ends
+    once, each routing decision is for a dispatched request, and chaining / fast-forward give
+    the step-by-step tables (the router hears first tokens of chained passes early, which
+    nothing can observe; while requests wait in the router nothing chains)."""
+    fast = run(rows, dict(engine, fast_forward=True), workers, stop_ms, router=router)
+    step = run(rows, dict(engine, fast_forward=False), workers, stop_ms, router=router)
+    pd.testing.assert_frame_equal(fast.requests, step.requests)
+    pd.testing.assert_frame_equal(fast.passes, step.passes)
+    pd.testing.assert_frame_equal(fast.routing, step.routing)
+    req = fast.requests
+    assert len(req) == len(rows) and req.request_id.is_unique
+    counts = fast.summary["terminal_status_counts"]
+    assert sum(counts.values()) == len(rows)
+    if stop_ms is None:
+        assert set(counts) <= {"completed", "rejected"}
+    dispatched = req[req.arrival_ms.notna()]
+    assert set(fast.routing.request_id) <= set(dispatched.request_id)
+    assert fast.routing.request_id.is_unique
+    assert (fast.routing.queue_wait_ms >= 0).all()
 
 
 pd_strategy = st.fixed_dictionaries(

@@ -121,3 +121,17 @@ def test_session_affinity_holds_a_session_against_the_cost(config, trace):
     turns = bound.requests[bound.requests.session_id == "s0"].sort_values("turn_index")
     assert turns.decode_worker_idx.nunique() == 1
     assert float(turns.iloc[1].arrival_ms) == 26.0
+
+
+def test_requests_waiting_in_the_router_at_the_stop_are_in_flight(config, trace):
+    rows = [row(0, 1000, 3, ids(100 * i, 1000)) for i in range(8)]
+    r = run(
+        config,
+        trace,
+        rows,
+        {"kind": "kv", "queue_threshold": 0.05},
+        stop={"max_virtual_time_ms": 5.0},
+    )
+    assert r.summary["terminal_status_counts"] == {"incomplete": 8}
+    assert set(r.requests.reason) == {"in flight at max_virtual_time_ms"}
+    assert len(r.routing) == 2  # two were sent; six were still waiting
