@@ -188,9 +188,7 @@ class KvRouter(Router):
         self.prefill_tokens[t] -= f.prefill_tokens
         self.active_requests[t] -= 1
         if self.share_blocks:
-            before = len(self._held(t, f.blocks))
-            self.active_blocks.remove(t, f.blocks)
-            self.n_active_blocks[t] -= before - len(self._held(t, f.blocks))
+            self.n_active_blocks[t] -= self.active_blocks.remove(t, f.blocks)
         else:
             self.n_active_blocks[t] -= f.n_private
         if f.key is not None:
@@ -225,10 +223,6 @@ class KvRouter(Router):
             return zeros, zeros, zeros
         self.index.advance(self.env.now)
         return self.index.overlaps(req.prompt_hashes)
-
-    def _held(self, target: int, blocks: list[int]) -> list[int]:
-        by_block = self.active_blocks.by_block
-        return [h for h in set(blocks) if target in by_block.get(h, ())]
 
     def costs(self, req: Request, overlaps: Overlaps) -> list[float]:
         """The cost of every target for `req`, in target order."""
@@ -348,9 +342,7 @@ class KvRouter(Router):
         n_private = 0
         if self.track_active:
             if self.share_blocks:
-                before = len(self._held(t, req.prompt_hashes))
-                self.active_blocks.add(t, req.prompt_hashes)
-                self.n_active_blocks[t] += len(set(req.prompt_hashes)) - before
+                self.n_active_blocks[t] += self.active_blocks.add(t, req.prompt_hashes)
             else:
                 n_private = len(req.prompt_hashes)
                 self.n_active_blocks[t] += n_private

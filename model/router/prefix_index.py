@@ -30,17 +30,25 @@ class Holders:
     def __init__(self) -> None:
         self.by_block: dict[int, dict[int, int]] = {}
 
-    def add(self, target: int, blocks: Sequence[int]) -> None:
+    def add(self, target: int, blocks: Sequence[int]) -> int:
+        """Count `blocks` held by `target` once more; returns how many it did not hold."""
         by_block = self.by_block
+        new = 0
         for h in blocks:
             holders = by_block.get(h)
             if holders is None:
                 by_block[h] = {target: 1}
+                new += 1
             else:
-                holders[target] = holders.get(target, 0) + 1
+                n = holders.get(target, 0)
+                holders[target] = n + 1
+                new += not n
+        return new
 
-    def remove(self, target: int, blocks: Sequence[int]) -> None:
+    def remove(self, target: int, blocks: Sequence[int]) -> int:
+        """Count `blocks` held by `target` once less; returns how many it no longer holds."""
         by_block = self.by_block
+        gone = 0
         for h in blocks:
             holders = by_block.get(h)
             if holders is None or target not in holders:
@@ -49,9 +57,11 @@ class Holders:
             if n:
                 holders[target] = n
             else:
+                gone += 1
                 del holders[target]
                 if not holders:
                     del by_block[h]
+        return gone
 
     def depths(self, blocks: Sequence[int], n_targets: int) -> list[int]:
         """For each target, how many leading `blocks` it holds."""
@@ -109,11 +119,22 @@ class PrefixIndex:
     def on_event(self, t_ms: float, pool: str, kind: str, block_hash: int) -> None:
         """A KV event happened at `t_ms` (events of pools the router does not route to are
         ignored)."""
-        if pool not in self.device_pool and pool not in self.tier_blocks:
+        target = self.device_pool.get(pool)
+        if target is None and pool not in self.tier_blocks:
             return
         if self.lag_ms > 0.0:
             heapq.heappush(self._due, (t_ms + self.lag_ms, self._seq, pool, kind, block_hash))
             self._seq += 1
+        elif target is not None:  # the hot path: a device event, seen at once
+            self.n_events += 1
+            holders = self.device.by_block.get(block_hash)
+            if kind == STORED:
+                if holders is None:
+                    self.device.by_block[block_hash] = {target: 1}
+                else:
+                    holders[target] = holders.get(target, 0) + 1
+            else:
+                self.device.remove(target, (block_hash,))
         else:
             self._apply(pool, kind, block_hash)
 
