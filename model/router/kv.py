@@ -43,7 +43,7 @@ import math
 import random
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import simpy
@@ -79,16 +79,19 @@ class Binding:
     target: int = -1  # -1 while the key's first request is being routed
     leases: int = 0  # dispatched requests of the key not yet ended
     idle_since_ms: float = 0.0
-    waiters: deque[Request] = field(default_factory=deque)
+    waiters: deque[Request] | None = None  # the key's requests waiting for its first
 
 
-@dataclass(order=True, slots=True)
+@dataclass(slots=True)
 class _Waiting:
-    order: tuple[float, int]
-    req: Request = field(compare=False)
-    overlaps: Overlaps = field(compare=False)
-    pinned: int = field(compare=False)  # target it is bound to, or -1
-    entered_ms: float = field(compare=False)
+    req: Request
+    overlaps: Overlaps
+    pinned: int  # target it is bound to, or -1
+    entered_ms: float
+
+
+# a queue entry: (policy key, entry sequence, the waiting request); tuples compare in C
+Entry = tuple[float, int, _Waiting]
 
 
 class KvRouter(Router):
@@ -129,14 +132,16 @@ class KvRouter(Router):
         self.busy_tokens = (
             None if cfg.queue_threshold is None else cfg.queue_threshold * max_num_batched_tokens
         )
-        self.shared_queue: list[_Waiting] = []
-        self.bound_queue: dict[int, list[_Waiting]] = {}
+        self.shared_queue: list[Entry] = []
+        self.bound_queue: dict[int, list[Entry]] = {}
         self.n_waiting = 0
         self._seq = 0
         # affinity
         self.affinity = cfg.affinity.mode
         self.ttl_ms = cfg.affinity.ttl_seconds * 1000.0
         self.bindings: dict[str, Binding] = {}
+        # (expiry ms, key, idle since): bindings that may expire, so they can be dropped
+        self._expiries: list[tuple[float, str, float]] = []
         self.routable = [True] * self.n_targets
 
     # ------------------------------------------------------------------ the router protocol
@@ -146,11 +151,12 @@ class KvRouter(Router):
         return self.n_waiting > 0
 
     def waiting(self) -> list[Request]:
-        out = [w.req for w in sorted(self.shared_queue)]
+        out = [e[2].req for e in sorted(self.shared_queue)]
         for queue in self.bound_queue.values():
-            out.extend(w.req for w in sorted(queue))
+            out.extend(e[2].req for e in sorted(queue))
         for b in self.bindings.values():
-            out.extend(b.waiters)
+            if b.waiters:
+                out.extend(b.waiters)
         return out
 
     def submit(self, req: Request) -> None:
@@ -158,8 +164,11 @@ class KvRouter(Router):
         key = self._key(req)
         pinned = -1
         if key is not None:
+            self._forget_expired(now)
             b = self.bindings.get(key)
             if b is not None and b.target < 0:
+                if b.waiters is None:
+                    b.waiters = deque()
                 b.waiters.append(req)  # the key's first request is still being routed
                 self.n_waiting += 1
                 req.router_entered_ms = now
@@ -196,7 +205,9 @@ class KvRouter(Router):
             if b is not None and b.target == t:
                 b.leases -= 1
                 if b.leases == 0:
-                    b.idle_since_ms = self.env.now
+                    now = self.env.now
+                    b.idle_since_ms = now
+                    heapq.heappush(self._expiries, (now + self.ttl_ms, f.key, now))
         self._drain(t)
 
     def close_target(self, target: int) -> None:
@@ -211,6 +222,15 @@ class KvRouter(Router):
         if self.affinity == "sibling_group":
             return req.affinity_group
         return None
+
+    def _forget_expired(self, now: float) -> None:
+        """Drop the bindings that expired by `now` (so the table holds live keys only)."""
+        expiries = self._expiries
+        while expiries and expiries[0][0] <= now:
+            _, key, idle_since = heapq.heappop(expiries)
+            b = self.bindings.get(key)
+            if b is not None and b.leases == 0 and b.idle_since_ms == idle_since:
+                del self.bindings[key]
 
     def _binding_valid(self, b: Binding, now: float) -> bool:
         if not self.routable[b.target]:
@@ -302,9 +322,8 @@ class KvRouter(Router):
         else:  # wspt: the least uncached prefill work first
             key = max(1, req.input_length - max(overlaps[0]) * self.block_size)
         self._seq += 1
-        w = _Waiting((key, self._seq), req, overlaps, pinned, entered_ms)
         queue = self.bound_queue.setdefault(pinned, []) if pinned >= 0 else self.shared_queue
-        heapq.heappush(queue, w)
+        heapq.heappush(queue, (key, self._seq, _Waiting(req, overlaps, pinned, entered_ms)))
         self.n_waiting += 1
 
     def _drain(self, t: int) -> None:
@@ -322,8 +341,8 @@ class KvRouter(Router):
                 heads.append(self.shared_queue)
             if not heads:
                 return
-            queue = min(heads, key=lambda q: q[0])
-            w = heapq.heappop(queue)
+            queue = min(heads, key=lambda q: q[0][:2])
+            w = heapq.heappop(queue)[2]
             self.n_waiting -= 1
             self._dispatch(w.req, w.overlaps, w.pinned, w.entered_ms, QUEUED)
 

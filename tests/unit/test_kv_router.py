@@ -372,3 +372,19 @@ def test_events_of_other_pools_are_ignored():
     index.bind_device("cluster.p0", 0)
     index.on_event(0.0, "cluster.d0", STORED, 1)
     assert index.overlaps([1])[0] == [0] and index.n_events == 0
+
+
+def test_expired_bindings_are_dropped_from_the_table():
+    env, router, _ = make_router(n=2, affinity={"mode": "session", "ttl_seconds": 1.0})
+    reqs = [req(4, [k], session=f"s{k}") for k in range(50)]
+    for r in reqs:
+        router.submit(r)
+    for r in reqs:
+        router.finished(r)
+    assert len(router.bindings) == 50
+    env.run(until=999.0)
+    router.submit(req(4, [999], session="late"))
+    assert len(router.bindings) == 51  # not expired yet
+    env.run(until=1000.0)
+    router.submit(req(4, [998], session="later"))
+    assert set(router.bindings) == {"late", "later"}
