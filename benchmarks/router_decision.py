@@ -277,12 +277,14 @@ class WorkersBench:
             p = self.prefilling.popleft()
             t2 = pc()
             router.prefill_done(p)
+            router.settle()
             prefilled = pc() - t2
             self.decoding.append(p)
             if len(self.decoding) > self.max_decoding:
                 d = self.decoding.popleft()
                 t4 = pc()
                 router.finished(d)
+                router.settle()
                 ended = pc() - t4
         if clock is not None:
             clock.add("submit", t1 - t0)
@@ -338,7 +340,9 @@ class QueueBench:
             r = self._request(s)
             self._expect_dispatch(r)
             router.prefill_done(r)
+            router.settle()
             router.finished(r)
+            router.settle()
         # one prefilling request per target makes every target busy
         while not all(router._busy(t) for t in range(n_targets)):
             r = self._request(None)
@@ -398,6 +402,7 @@ class QueueBench:
             d = self.decoding[t].popleft()
             t2 = pc()
             router.finished(d)
+            router.settle()
             ended = pc() - t2
             if len(sent) != before:
                 raise SetupError(f"queue/{self.queue_len}: finished released on a busy target")
@@ -407,6 +412,7 @@ class QueueBench:
         p = self.prefilling[t].popleft()
         t4 = pc()
         router.prefill_done(p)
+        router.settle()
         t5 = pc()
         self.decoding[t].append(p)
         released = sent[before:]

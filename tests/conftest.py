@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 import os
+import sys
 from collections.abc import Callable
+from functools import cache
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -84,3 +88,15 @@ def trace(tmp_path: Path) -> Callable[[list[dict[str, Any]]], str]:
         return str(write_jsonl(tmp_path / f"trace{next(counter)}.jsonl", rows))
 
     return write
+
+
+@cache
+def compare_dynamo_module() -> ModuleType:
+    """experiments/compare_dynamo.py, imported as a module (experiments/ is not a package)."""
+    path = REPO / "experiments" / "compare_dynamo.py"
+    spec = importlib.util.spec_from_file_location("compare_dynamo", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module

@@ -106,6 +106,8 @@ class ClusterBase:
         self.routers.append(router)
         if not isinstance(router, KvRouter):
             return
+        for worker in workers:
+            worker.on_signals_done = router.settle
         index = router.index
         for k, worker in enumerate(workers):
             for rank in worker.ranks:

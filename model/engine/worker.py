@@ -102,8 +102,10 @@ class Worker:
         # called between passes when blocks were given back outside a pass (a tier copy
         # landed); a P/D decode worker retries its reservations there
         self.on_kv_freed: Callable[[Worker], None] | None = None
-        # called at a request's first token (a KV router's load view)
+        # called at a request's first token (a KV router's load view), and once a pass end's
+        # first tokens, completions and rejections have all been delivered
         self.on_first_token: Callable[[Request], None] | None = None
+        self.on_signals_done: Callable[[], None] | None = None
         self._wake: simpy.Event | None = None
         self.process = env.process(self.run())
 
@@ -329,6 +331,8 @@ class Worker:
                 self.on_reject(req, reason)
         for req in done:
             self.on_complete(req)
+        if self.on_signals_done is not None:
+            self.on_signals_done()
         if self.after_pass is not None:
             self.after_pass(self)
         while self._deferred:

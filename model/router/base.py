@@ -43,3 +43,7 @@ class Router:
 
     def finished(self, req: Request) -> None:
         """`req` ended (completed or rejected) where the router sent it."""
+
+    def settle(self) -> None:
+        """The lifecycle edges of one instant are all in (`prefill_done` and `finished` only
+        update the router's view; a router with a queue releases from it here)."""

@@ -136,6 +136,7 @@ class KvRouter(Router):
         self.bound_queue: dict[int, list[Entry]] = {}
         self.n_waiting = 0
         self._seq = 0
+        self._to_drain: set[int] = set()  # targets whose load dropped since the last settle
         # affinity
         self.affinity = cfg.affinity.mode
         self.ttl_ms = cfg.affinity.ttl_seconds * 1000.0
@@ -187,7 +188,7 @@ class KvRouter(Router):
             return
         self.prefill_tokens[f.target] -= f.prefill_tokens
         f.prefill_tokens = 0
-        self._drain(f.target)
+        self._to_drain.add(f.target)
 
     def finished(self, req: Request) -> None:
         f = self.flights.pop(req.idx, None)
@@ -208,7 +209,17 @@ class KvRouter(Router):
                     now = self.env.now
                     b.idle_since_ms = now
                     heapq.heappush(self._expiries, (now + self.ttl_ms, f.key, now))
-        self._drain(t)
+        self._to_drain.add(t)
+
+    def settle(self) -> None:
+        """A pass end's first tokens and ends are all in: release what waits for the targets
+        whose load dropped (the mocker applies a pass's signals before its queue moves)."""
+        if not self._to_drain:
+            return
+        targets = sorted(self._to_drain)
+        self._to_drain.clear()
+        for t in targets:
+            self._drain(t)
 
     def close_target(self, target: int) -> None:
         """`target` takes no more requests: bindings to it re-select at their next request."""

@@ -32,18 +32,16 @@ fixing servesim turns them into failures that ask for the marker to go.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 import tempfile
 from collections import defaultdict
 from functools import cache
 from pathlib import Path
-from types import ModuleType
 from typing import Any, cast
 
 import pytest
+from conftest import compare_dynamo_module
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -317,22 +315,11 @@ def test_fixtures_present() -> None:
         assert size < 100_000, f"{name}: trace is {size} bytes; fixtures stay small"
 
 
-@cache
-def _compare_module() -> ModuleType:
-    path = REPO / "experiments" / "compare_dynamo.py"
-    spec = importlib.util.spec_from_file_location("compare_dynamo", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("name", CASES)
 def test_compare_cli_translates_engine_like_the_fixture(name: str) -> None:
     """experiments/compare_dynamo.py derives the mocker kwargs from servesim's config; for
     every golden case they must be exactly what the fixture's mocker run was given."""
-    compare = _compare_module()
+    compare = compare_dynamo_module()
     case = _case(name)
     cfg = servesim_run(name).config
     assert compare.mocker_kwargs(cfg) == case["mocker_kwargs"]
@@ -364,7 +351,7 @@ def test_decode_pool_overflow_is_rejected_where_the_mocker_fails() -> None:
     ],
 )
 def test_compare_cli_refuses_what_the_mocker_cannot_express(override: str, needle: str) -> None:
-    compare = _compare_module()
+    compare = compare_dynamo_module()
     trace = FIXTURES / "k_pd_1p1d_instant" / "trace.jsonl"
     shape = compare.Shape(prefill=1, decode=1)
     cfg = compare.compose_run_config(trace, shape, [override])
@@ -373,7 +360,7 @@ def test_compare_cli_refuses_what_the_mocker_cannot_express(override: str, needl
 
 
 def test_compare_cli_pd_shapes() -> None:
-    compare = _compare_module()
+    compare = compare_dynamo_module()
     assert compare.case_shapes(None, "1x1,2P2D", []) == [
         compare.Shape(prefill=1, decode=1),
         compare.Shape(prefill=2, decode=2),

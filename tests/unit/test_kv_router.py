@@ -223,8 +223,10 @@ def test_requests_wait_while_every_target_is_busy_and_leave_in_fcfs_order():
         router.submit(w)
     assert [s[0] for s in sent] == ["big"] and router.has_waiting
     router.prefill_done(big)  # load 0: q1 (4 tokens), then q2 (8 more: 12 > 8, busy again)
+    router.settle()
     assert [s[0] for s in sent] == ["big", "q1", "q2"]
     router.prefill_done(waiting[1])  # q1's 4 off: 8 is not above 8, so q3 goes
+    router.settle()
     assert [s[0] for s in sent] == ["big", "q1", "q2", "q3"]
     assert not router.has_waiting
     rows = router.recorder.routing
@@ -238,6 +240,7 @@ def test_lcfs_releases_the_latest_arrival_first():
     for k in (1, 2, 3):
         router.submit(req(12, [10 * k], rid=f"q{k}", arrival=k))
     router.prefill_done(big)
+    router.settle()
     assert [s[0] for s in sent] == ["big", "q3"]
 
 
@@ -251,6 +254,7 @@ def test_wspt_releases_the_least_uncached_work_first():
     store(router, 0, [1, 2, 3])
     router.submit(req(16, [1, 2, 3, 4], rid="cached", arrival=3))
     router.prefill_done(big)
+    router.settle()
     # arrival-time overlaps: "cached" was seen with 3 blocks -> 4 tokens; short 8; long 40
     assert [s[0] for s in sent][:3] == ["big", "cached", "short"]
 
@@ -263,6 +267,7 @@ def test_queue_wait_is_recorded():
     router.submit(q)
     env.run(until=5.0)
     router.prefill_done(big)
+    router.settle()
     row = router.recorder.routing[-1]
     assert row[0] == "q" and row[2] == "queued" and row[3] == 0.0 and row[4] == 5.0
     assert row[5] == 5.0
@@ -315,6 +320,7 @@ def test_later_requests_of_a_key_wait_for_the_first_dispatch():
     router.submit(second)  # waits for first's dispatch, outside the queue
     assert router.bindings["s"].target == -1 and len(router.bindings["s"].waiters) == 1
     router.prefill_done(big)
+    router.settle()
     assert [s[0] for s in sent] == ["big", "first", "second"]
     assert router.bindings["s"].leases == 2
 

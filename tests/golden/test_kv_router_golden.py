@@ -1,0 +1,142 @@
+"""servesim's router=kv against recorded runs of Dynamo's mocker kv_router (no mocker needed).
+
+Each case directory in tests/golden/kv_router holds a small seeded Mooncake trace with shared
+prefixes, `case.json` (servesim Hydra overrides and the mocker's exact keyword arguments),
+`summary.json` (one mocker run's summary) and `runs.json` (the compared metrics of 20 mocker
+runs and their mean, min and max); regenerate them with tests/golden/kv_router/make_fixtures.py
+(README.md there).
+
+The mocker's kv_router (ai-dynamo-runtime 1.6.1) breaks cost ties with an unseeded random
+choice and servesim with a seeded one, so the two cannot be joined request by request: a tie
+broken the other way sends a request, and the load and cache that follow it, elsewhere. The
+comparison is therefore on the summary, of means over runs: servesim over SEEDS router seeds
+against the mocker's recorded runs, with
+
+* prefix reuse within REUSE_ABS (absolute),
+* mean TTFT, ITL and E2E latency within LATENCY_REL (relative),
+* completed requests exactly.
+
+The tolerances are the issue's targets; `test_mocker_spread_within_tolerance` checks that each
+of the mocker's own recorded runs lies within them of the mocker's mean, so the check is not
+tighter than the mocker is reproducible. Case d is the smallest reproducer of a difference
+servesim had (a queued request released at a pass end that also ends a request), deterministic
+on both sides; a case servesim is known to miss goes in KNOWN as a strict xfail.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from functools import cache
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from conftest import compare_dynamo_module
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from model import RunConfig, simulate, validate_config
+
+REPO = Path(__file__).resolve().parents[2]
+CONF_DIR = REPO / "conf"
+FIXTURES = Path(__file__).resolve().parent / "kv_router"
+CASES = sorted(p.parent.name for p in FIXTURES.glob("*/case.json"))
+
+SEEDS = range(8)  # servesim router seeds averaged per case
+REUSE_ABS = 0.01
+LATENCY_REL = 0.03
+LATENCY_KEYS = ("mean_ttft_ms", "mean_itl_ms", "mean_e2e_latency_ms")
+REUSE_KEY = "prefix_cache_reused_ratio"
+
+KNOWN: dict[str, str] = {}  # case -> why servesim is expected to differ (strict xfail)
+
+
+def _case(name: str) -> dict[str, Any]:
+    return json.loads((FIXTURES / name / "case.json").read_text())
+
+
+def _runs(name: str) -> dict[str, Any]:
+    return json.loads((FIXTURES / name / "runs.json").read_text())
+
+
+def _config(name: str, seed: int) -> RunConfig:
+    case = _case(name)
+    trace = FIXTURES / name / case["trace"]
+    overrides = [*case["servesim_overrides"], f"workload.path={trace}", f"seed={seed}"]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+    data = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(data, dict)
+    return validate_config(cast(dict[str, Any], data))
+
+
+@cache
+def servesim_summaries(name: str) -> tuple[dict[str, Any], ...]:
+    """servesim's summary for every seed in SEEDS, composed as `servesim` would compose the
+    case's overrides."""
+    return tuple(simulate(_config(name, seed)).summary for seed in SEEDS)
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def mismatches(name: str) -> list[str]:
+    ours = servesim_summaries(name)
+    ref = _runs(name)["mean"]
+    problems = []
+    a = _mean([s[REUSE_KEY] for s in ours])
+    if abs(a - ref[REUSE_KEY]) > REUSE_ABS:
+        problems.append(f"{REUSE_KEY}: servesim {a:.4f} mocker {ref[REUSE_KEY]:.4f}")
+    for key in LATENCY_KEYS:
+        a = _mean([s[key] for s in ours])
+        if not math.isclose(a, ref[key], rel_tol=LATENCY_REL):
+            problems.append(
+                f"{key}: servesim {a:.4f} mocker {ref[key]:.4f} ({a / ref[key] - 1:+.2%})"
+            )
+    done = {s["completed_requests"] for s in ours}
+    if done != {ref["completed_requests"]}:
+        problems.append(f"completed_requests: servesim {done} mocker {ref['completed_requests']}")
+    return problems
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=KNOWN[n])) if n in KNOWN else n
+        for n in CASES
+    ],
+)
+def test_summary_matches_mocker_kv_router(name: str) -> None:
+    problems = mismatches(name)
+    assert not problems, f"{name}:\n  " + "\n  ".join(problems)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_mocker_spread_within_tolerance(name: str) -> None:
+    """Every recorded mocker run is within the test's tolerances of the mocker's mean: a
+    case whose own runs scatter wider cannot pin servesim to these tolerances."""
+    runs = _runs(name)
+    mean = runs["mean"]
+    assert len(runs["runs"]) >= 10
+    for run in runs["runs"]:
+        assert abs(run[REUSE_KEY] - mean[REUSE_KEY]) <= REUSE_ABS
+        for key in LATENCY_KEYS:
+            assert math.isclose(run[key], mean[key], rel_tol=LATENCY_REL)
+        assert run["completed_requests"] == mean["completed_requests"]
+
+
+def test_fixtures_present() -> None:
+    assert len(CASES) >= 3, f"expected the KV-router golden cases under {FIXTURES}, found {CASES}"
+    for name in CASES:
+        size = (FIXTURES / name / _case(name)["trace"]).stat().st_size
+        assert size < 100_000, f"{name}: trace is {size} bytes; fixtures stay small"
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_compare_cli_translates_router_like_the_fixture(name: str) -> None:
+    """experiments/compare_dynamo.py derives the mocker kwargs (router_mode kv_router, the
+    KvRouterConfig fields) from servesim's config; they must be exactly what the fixture's
+    mocker runs were given."""
+    assert compare_dynamo_module().mocker_kwargs(_config(name, 0)) == _case(name)["mocker_kwargs"]
