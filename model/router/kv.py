@@ -26,8 +26,8 @@ max_num_batched_tokens. A request waits when every target it may go to is busy, 
 already wait for them; waiting requests keep the overlaps seen at arrival and are ordered
 `fcfs` (arrival), `lcfs` (latest arrival first) or `wspt` (fewest uncached prompt tokens first),
 ties by queue entry. They are re-examined only when a target's load drops (a first token, an
-end): requests bound to that target, and the shared queue if that target is free, by heads, in
-O(log n) per request released.
+end), at `settle`, once the pass end's signals are all in: requests bound to that target, and
+the shared queue if a target is free, by heads, in O(log n) per request released.
 
 Session affinity (`affinity.mode`): the key's first request initialises a binding (the key's
 later requests wait until it is dispatched), the binding is then set to where it went; later
