@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from model.workload.errors import TraceError, existing
-from model.workload.mooncake import parse_row
+from model.workload.mooncake import _ms, parse_row
 
 __all__ = ["AgenticGraph", "Dependency", "Node", "Play", "read_agentic_mooncake"]
 
@@ -102,14 +102,6 @@ class AgenticGraph:
 
 
 # --------------------------------------------------------------------------- field helpers
-
-
-def _ms(value: Any, what: str, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TraceError(f"{where}: {what} must be a number of milliseconds, got {value!r}")
-    if not math.isfinite(value) or value < 0:
-        raise TraceError(f"{where}: {what} must be finite and >= 0, got {value!r}")
-    return float(value)
 
 
 def _text(obj: dict[str, Any], key: str, where: str, required: bool = True) -> str | None:
