@@ -88,6 +88,22 @@ def markdown(df: pd.DataFrame, three_digits: Callable[[str], bool], digits: int 
     return "\n".join(lines)
 
 
+def report_sweep(
+    out: Path, meta: dict, csv: Path, png: Path, table_md: str, wall_s: float, n_runs: int
+) -> None:
+    """What every sweep script ends with: `meta.json` (with the csv and png paths) in `out`,
+    then the Markdown table, the files and the sweep's wall time on stdout."""
+    meta["csv"] = str(csv)
+    meta["png"] = str(png)
+    (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    print()
+    print(table_md)
+    print()
+    print(f"csv: {csv}")
+    print(f"plot: {png}")
+    print(f"sweep wall time: {wall_s:.1f} s ({n_runs} runs)")
+
+
 def _overrides(job: Path) -> dict[str, str]:
     path = job / ".hydra" / "overrides.yaml"
     if not path.is_file():

@@ -47,7 +47,13 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from collect import collect, joblib_available, run_multirun, servesim_command  # noqa: E402
+from collect import (  # noqa: E402
+    collect,
+    joblib_available,
+    report_sweep,
+    run_multirun,
+    servesim_command,
+)
 from collect import markdown as markdown_table  # noqa: E402
 
 EXPERIMENT = "host_pool"
@@ -317,16 +323,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{trace.name} ({n_req:,} requests), {workers} workers, G1 pool {g1:,} blocks per worker"
     )
     png = plot(table, out / "host_pool.png", title=title)
-    meta["csv"] = str(csv)
-    meta["png"] = str(png)
-    (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-
-    print()
-    print(markdown(table[[c for c in SHOWN if c in table]]))
-    print()
-    print(f"csv: {csv}")
-    print(f"plot: {png}")
-    print(f"sweep wall time: {wall:.1f} s ({len(table)} runs)")
+    report_sweep(
+        out, meta, csv, png, markdown(table[[c for c in SHOWN if c in table]]), wall, len(table)
+    )
     return 0
 
 

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import shlex
 import sys
@@ -56,7 +55,13 @@ import pandas as pd
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from collect import collect, joblib_available, run_multirun, servesim_command  # noqa: E402
+from collect import (  # noqa: E402
+    collect,
+    joblib_available,
+    report_sweep,
+    run_multirun,
+    servesim_command,
+)
 from collect import markdown as markdown_table  # noqa: E402
 
 EXPERIMENT = "router_compare"
@@ -372,16 +377,9 @@ def main(argv: list[str] | None = None) -> int:
     ]
     title = f"{workers} aggregated workers; " + ", ".join(parts)
     png = plot(table, out / "router_compare.png", title=title)
-    meta["csv"] = str(csv)
-    meta["png"] = str(png)
-    (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-
-    print()
-    print(markdown(table[[c for c in SHOWN if c in table]]))
-    print()
-    print(f"csv: {csv}")
-    print(f"plot: {png}")
-    print(f"sweep wall time: {total:.1f} s ({len(table)} runs)")
+    report_sweep(
+        out, meta, csv, png, markdown(table[[c for c in SHOWN if c in table]]), total, len(table)
+    )
     return 0
 
 
