@@ -68,6 +68,10 @@ class Node:
     dependencies: tuple[Dependency, ...]
     play_id: str
     line: int  # the file line it came from
+    # when the source recorded this request start / how long its call took (ms), if it did;
+    # snapshot cuts are placed on these (missing starts are derived from the graph)
+    recorded_start_ms: float | None = None
+    recorded_api_time_ms: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +117,11 @@ def _text(obj: dict[str, Any], key: str, where: str, required: bool = True) -> s
     if isinstance(value, bool) or not isinstance(value, str | int) or str(value) == "":
         raise TraceError(f"{where}: {key} must be a non-empty string, got {value!r}")
     return str(value)
+
+
+def _optional_ms(obj: dict[str, Any], key: str, where: str) -> float | None:
+    value = obj.get(key)
+    return None if value is None else _ms(value, key, where)
 
 
 def _lines(path: Path) -> list[tuple[int, dict[str, Any]]]:
@@ -234,6 +243,8 @@ def _read_v2(
                 dependencies=deps,
                 play_id=play_id,
                 line=line_no,
+                recorded_start_ms=not_before_ms,
+                recorded_api_time_ms=_optional_ms(obj, "recorded_api_time_ms", w),
             )
         )
 
@@ -435,6 +446,7 @@ def _read_legacy(
                 dependencies=deps,
                 play_id="",  # assigned below
                 line=line_no,
+                recorded_start_ms=base.timestamp_ms,
             )
         )
 
