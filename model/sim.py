@@ -21,12 +21,22 @@ import numpy as np
 import pandas as pd
 import simpy
 
+from model.agentic import report as agentic_report
+from model.agentic.lanes import AgenticReplay
+from model.agentic.qualification import agentic_violation
 from model.clock import Environment
 from model.cluster.aggregated import AggregatedCluster
 from model.cluster.base import ClusterBase, total_workers
 from model.cluster.disagg import DisaggCluster
 from model.config.derived import num_gpu_blocks, role_engines, transfer_bytes_per_token
-from model.config.schema import ConcurrencyLoad, DisaggTopology, RunConfig
+from model.config.errors import ConfigError
+from model.config.schema import (
+    AgenticOptions,
+    ConcurrencyLoad,
+    DisaggTopology,
+    RunConfig,
+    TraceLoad,
+)
 from model.metrics.recorder import INCOMPLETE, Recorder
 from model.metrics.summary import routing_summary, summarize, tier_summary
 from model.metrics.tables import (
@@ -38,7 +48,8 @@ from model.metrics.tables import (
     time_weighted_mean,
     transfers_table,
 )
-from model.workload.build import build_workload
+from model.workload.agentic import AgenticGraph
+from model.workload.build import build_workload, read_source
 from model.workload.drivers import closed_loop, open_loop
 from model.workload.hashing import BlockHasher
 
@@ -64,6 +75,7 @@ class Result:
     transfers: pd.DataFrame
     routing: pd.DataFrame = field(default_factory=pd.DataFrame)
     token_times: dict[str, np.ndarray] = field(default_factory=dict)
+    plays: pd.DataFrame = field(default_factory=pd.DataFrame)  # agentic replay: per play
 
     def write(self, out_dir: str | Path) -> Path:
         """Write summary.json and the tables (Parquet, or CSV if configured) to `out_dir`."""
@@ -79,6 +91,8 @@ class Result:
                 tables["transfers"] = self.transfers
             if len(self.routing):
                 tables["routing"] = self.routing
+            if len(self.plays):
+                tables["plays"] = self.plays
             for name, df in tables.items():
                 if output.format == "csv":
                     df.to_csv(out / f"{name}.csv", index=False)
@@ -193,9 +207,19 @@ def pool_sizes(cfg: RunConfig) -> dict[str, int]:
     }
 
 
-def _run(env: simpy.Environment, cluster: ClusterBase, total: int, cfg: RunConfig) -> None:
+def _run(
+    env: simpy.Environment,
+    cluster: ClusterBase,
+    total: int,
+    cfg: RunConfig,
+    finished: simpy.Event | None = None,
+) -> None:
+    """Run to the end (or the stop time; or until `finished`, an agentic profile's end)."""
     until = cfg.stop.max_virtual_time_ms
     show = cfg.output.progress == "on" or (cfg.output.progress == "auto" and sys.stderr.isatty())
+    if finished is not None:
+        env.run(until=finished)
+        return
     if not show:
         if until is None:
             env.run()
@@ -229,51 +253,90 @@ def simulate(cfg: RunConfig) -> Result:
     streams = random_streams(cfg.seed)
     # every role shares one block size (checked by role_engines); it may differ from `engine`'s
     hasher = BlockHasher(next(iter(role_engines(cfg).values())).block_size)
-    workload = build_workload(cfg.workload, cfg.load, hasher, streams)
+    source = read_source(cfg.workload, streams)
+    graph = source if isinstance(source, AgenticGraph) else None
+    if graph is not None:
+        problem = agentic_violation(cfg, f"workload={cfg.workload.kind}")
+        if problem:  # a Dynamo trace turned out agentic: the same guards apply
+            raise ConfigError(f"{cfg.workload.kind} carries agent_context: {problem}")
+    elif isinstance(cfg.workload, AgenticOptions) and (
+        cfg.workload.agentic_lanes is not None or cfg.workload.agentic_snapshot is not None
+    ):
+        raise ConfigError(
+            "workload.agentic_lanes requires an agentic Dynamo trace (records with "
+            f"agent_context); {cfg.workload.path} has none"  # type: ignore[union-attr]
+        )
 
     env = Environment()
     recorder = Recorder(per_token=cfg.output.per_token, keep_kv_events=cfg.output.kv_events)
     cluster_type = DisaggCluster if cfg.topology.kind == "disagg" else AggregatedCluster
     cluster = cluster_type(env, cfg, hasher, recorder, streams["router"])
     load = cfg.load
-    if isinstance(load, ConcurrencyLoad):
-        closed_loop(env, workload.sessions, cluster.dispatch, load.concurrency)
-    else:
-        cluster.completion_dispatches = cluster_type is DisaggCluster or any(
-            len(s) > 1 for s in workload.sessions
+    replay: AgenticReplay | None = None
+    workload = None
+    if graph is not None:
+        assert isinstance(cfg.workload, AgenticOptions) and isinstance(load, TraceLoad)
+        replay = AgenticReplay(
+            env, graph, cfg.workload, hasher, recorder, cluster, load.arrival_speedup_ratio
         )
-        env.process(open_loop(env, workload.sessions, cluster.dispatch, cluster.announce_arrival))
-    _run(env, cluster, workload.num_requests, cfg)
+        replay.start()
+        _run(env, cluster, len(graph.nodes), cfg, replay.finished)
+    else:
+        rows = source if isinstance(source, list) else None
+        workload = build_workload(cfg.workload, cfg.load, hasher, streams, rows)
+        if isinstance(load, ConcurrencyLoad):
+            closed_loop(env, workload.sessions, cluster.dispatch, load.concurrency)
+        else:
+            cluster.completion_dispatches = cluster_type is DisaggCluster or any(
+                len(s) > 1 for s in workload.sessions
+            )
+            env.process(
+                open_loop(env, workload.sessions, cluster.dispatch, cluster.announce_arrival)
+            )
+        _run(env, cluster, workload.num_requests, cfg)
 
     # whatever has not ended was cut off by the stop time
     stopped_at = env.now
     in_flight = cluster.in_flight()
     # levels hold until the last thing happened: the stop, if it cut requests off
     activity_end = stopped_at if in_flight else recorder.last_event_ms
-    cut = (
-        "in flight at max_virtual_time_ms"
-        if cfg.stop.max_virtual_time_ms is not None
-        else "still in flight when nothing more could happen (the run stalled)"
-    )
+    if replay is not None and replay.finished is not None:
+        cut = "canceled at the agentic_profile response grace deadline"
+    elif cfg.stop.max_virtual_time_ms is not None:
+        cut = "in flight at max_virtual_time_ms"
+    else:
+        cut = "still in flight when nothing more could happen (the run stalled)"
     for req in in_flight:
         recorder.request_terminal(req, INCOMPLETE, stopped_at, cut)
-    not_arrived = (
-        "not arrived by max_virtual_time_ms"
-        if cfg.stop.max_virtual_time_ms is not None
-        else "never dispatched: the run stalled before its turn"
-    )
-    for session in workload.sessions:
-        for req in session:
-            if req.terminal_status == "":
-                recorder.request_terminal(req, INCOMPLETE, stopped_at, not_arrived)
+    if replay is not None:
+        replay.finalize(stopped_at)
+    else:
+        assert workload is not None
+        not_arrived = (
+            "not arrived by max_virtual_time_ms"
+            if cfg.stop.max_virtual_time_ms is not None
+            else "never dispatched: the run stalled before its turn"
+        )
+        for session in workload.sessions:
+            for req in session:
+                if req.terminal_status == "":
+                    recorder.request_terminal(req, INCOMPLETE, stopped_at, not_arrived)
 
     requests = requests_table(recorder)
+    plays = pd.DataFrame()
+    measured = requests
+    if replay is not None:
+        columns = agentic_report.request_columns(replay)
+        requests = requests.merge(columns, on="request_id", how="left")
+        plays = agentic_report.plays_table(replay)
+        # preparation (primer, warmup) requests are recorded but never measured
+        measured = requests[~requests["phase"].isin(agentic_report.PREPARATION)]
     transfers = transfers_table(recorder)
     passes = passes_table(recorder)
     kv = kv_table(recorder)
     wall_ms = (time.perf_counter() - wall_start) * 1000.0
     summary = summarize(
-        requests,
+        measured,
         np.frombuffer(recorder.itl_gaps_ms, dtype=float),
         **pool_sizes(cfg),
         slo=cfg.slo,
@@ -284,9 +347,10 @@ def simulate(cfg: RunConfig) -> Result:
     summary["n_preemptions"] = int(requests["n_preemptions"].sum())
     summary["n_kv_evictions"] = sum(r.pool.n_evictions for r in ranks)
     summary["n_passes"] = int(len(passes))
-    summary["skipped_trace_rows"] = workload.skipped.count
-    if workload.skipped.count:
-        summary["skipped_trace_row_examples"] = workload.skipped.examples
+    skipped = workload.skipped if workload is not None else None
+    summary["skipped_trace_rows"] = skipped.count if skipped is not None else 0
+    if skipped is not None and skipped.count:
+        summary["skipped_trace_row_examples"] = skipped.examples
     device_kv = kv[kv["tier"] == "device"] if len(kv) else kv
     if len(device_kv):
         used = time_weighted_mean(device_kv, "used_blocks", activity_end)
@@ -297,8 +361,10 @@ def simulate(cfg: RunConfig) -> Result:
     routing = routing_table(recorder)
     summary.update(routing_summary(routing))
     summary["terminal_status_counts"] = {
-        k: int(v) for k, v in requests["terminal_status"].value_counts().sort_index().items()
+        k: int(v) for k, v in measured["terminal_status"].value_counts().sort_index().items()
     }
+    if replay is not None:
+        summary.update(agentic_report.trajectory_summary(plays))
     summary["metadata"] = {
         "seed": cfg.seed,
         "llm": cfg.llm.name,
@@ -324,6 +390,8 @@ def simulate(cfg: RunConfig) -> Result:
         "versions": _versions(),
         "config": cfg.model_dump(mode="json"),
     }
+    if replay is not None:
+        summary["metadata"].update(agentic_report.metadata(replay, cfg.llm.name, requests))
     token_times = {k: np.frombuffer(v, dtype=float) for k, v in recorder.token_times.items()}
     return Result(
         cfg,
@@ -335,4 +403,5 @@ def simulate(cfg: RunConfig) -> Result:
         transfers,
         routing,
         token_times,
+        plays,
     )

@@ -133,6 +133,10 @@ class ClusterBase:
         """The open-loop driver's next dispatch time (inf when it has no more)."""
         self.next_arrival_ms = t_ms
 
+    def dispatch(self, req: Request) -> None:
+        """A request arrives now (each cluster shape routes it its own way)."""
+        raise NotImplementedError
+
     def arrive(self, req: Request) -> None:
         """Stamp an arrival now."""
         req.arrival_ms = self.env.now

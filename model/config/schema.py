@@ -471,6 +471,11 @@ class AgenticOptions(Schema):
         False, description="primers + 10 one-token requests per lane, then a barrier"
     )
     agentic_profile: AgenticProfile | None = None
+    agentic_lane_assignment: Literal["stride", "shared_queue"] = Field(
+        "stride",
+        description="stride: lane l takes plays l, l+L, ...; shared_queue: the next unstarted "
+        "play (Dynamo 1.6.1's mocker)",
+    )
 
     @model_validator(mode="after")
     def _phases_need_their_base(self) -> AgenticOptions:
@@ -643,6 +648,24 @@ class RunConfig(Schema):
                     f"{w.kind} has none here (synthetic workloads with num_prefix_groups > 0 "
                     "do); use router.affinity.mode=session"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _agentic_qualified(self) -> RunConfig:
+        from model.agentic.qualification import agentic_violation
+
+        w = self.workload
+        if not isinstance(w, AgenticOptions):
+            return self
+        plain_dynamo = (
+            isinstance(w, DynamoTraceWorkload)
+            and w.agentic_lanes is None
+            and w.agentic_snapshot is None
+        )
+        if not plain_dynamo:  # a plain Dynamo trace is checked once it is read
+            problem = agentic_violation(self, f"workload={w.kind}")
+            if problem:
+                raise ValueError(problem)
         return self
 
     @model_validator(mode="after")

@@ -17,7 +17,7 @@ Two file variants (reference §1.3), told apart by the first non-blank line:
 
 The whole file is read and checked before the graph is returned (this is not a streaming
 reader): every problem is a `TraceError` naming the file and line, and the play / request where
-that helps. The graph is not yet wired into the simulator.
+that helps. `model.agentic` replays the graph.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ class AgenticGraph:
     plays: tuple[Play, ...]
     block_size: int  # tokens per hash id (the v2 header's, else trace_block_size)
     path: str
-    variant: Literal["v2", "legacy"]
+    variant: Literal["v2", "legacy", "weka", "dynamo", "synthetic"]
     version: int | None = None  # the header's version (v2 only)
     source: dict[str, Any] | None = None  # the header's `source` object (v2 only)
     hash_id_scope: str | None = None

@@ -15,14 +15,19 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from model.config.schema import (
+    AgenticMooncakeWorkload,
+    AgenticSyntheticWorkload,
     AzureWorkload,
+    DynamoTraceWorkload,
     LoadConfig,
     MooncakeWorkload,
     RateLoad,
     SyntheticWorkload,
     TraceLoad,
+    WekaWorkload,
     WorkloadConfig,
 )
+from model.workload.agentic import AgenticGraph, read_agentic_mooncake
 from model.workload.azure import read_azure
 from model.workload.errors import TraceError
 from model.workload.hashing import BlockHasher
@@ -43,13 +48,40 @@ class Workload:
         return sum(len(s) for s in self.sessions)
 
 
+def read_source(
+    cfg: WorkloadConfig, streams: dict[str, np.random.Generator]
+) -> AgenticGraph | list[TraceRow] | None:
+    """An agentic workload's validated graph (a Dynamo trace without `agent_context`: its
+    plain rows); None for the other workloads, which `build_workload` reads."""
+    if isinstance(cfg, AgenticMooncakeWorkload):
+        return read_agentic_mooncake(cfg.path, cfg.trace_block_size)
+    if isinstance(cfg, WekaWorkload):
+        from model.workload.weka import read_weka
+
+        graph, _basis = read_weka(cfg.path, cfg.trace_block_size, cfg.nested_timestamp_basis)
+        return graph
+    if isinstance(cfg, DynamoTraceWorkload):
+        from model.workload.dynamo_trace import read_dynamo_trace
+
+        return read_dynamo_trace(cfg.path, cfg.trace_block_size)
+    if isinstance(cfg, AgenticSyntheticWorkload):
+        from model.workload.agentic_synthetic import generate_agentic
+
+        return generate_agentic(cfg, streams["lengths"])
+    return None
+
+
 def _rows(
     cfg: WorkloadConfig,
     load: LoadConfig,
     skipped: SkipCounter,
     streams: dict[str, np.random.Generator],
+    given: list[TraceRow] | None = None,
 ) -> tuple[Iterable[TraceRow], int | None]:
     """The rows of the source and their trace block size (None: no prefix content)."""
+    if given is not None:  # already read (a plain Dynamo trace)
+        tbs = getattr(cfg, "trace_block_size", None)
+        return given, tbs if tbs is not None else _block_size_of(given)
     if isinstance(cfg, MooncakeWorkload):
         rows = read_mooncake(
             cfg.path,
@@ -67,14 +99,22 @@ def _rows(
     raise TypeError(f"unknown workload kind {cfg!r}")  # pragma: no cover
 
 
+def _block_size_of(rows: list[TraceRow]) -> int:
+    from model.workload.dynamo_trace import trace_block_size_of
+
+    return trace_block_size_of(rows)
+
+
 def build_workload(
     cfg: WorkloadConfig,
     load: LoadConfig,
     hasher: BlockHasher,
     streams: dict[str, np.random.Generator],
+    given_rows: list[TraceRow] | None = None,
 ) -> Workload:
+    """Sessions of requests from the workload (or from `given_rows`, rows already read)."""
     skipped = SkipCounter()
-    rows, tbs = _rows(cfg, load, skipped, streams)
+    rows, tbs = _rows(cfg, load, skipped, streams, given_rows)
     seen_ids: set[str] = set()
     sessions: list[Session] = []
     by_id: dict[str, Session] = {}

@@ -14,7 +14,7 @@ block, so memory does not grow with the number of distinct prefixes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 ROOT = 0x5EED  # the parent of a prompt's first block
 MASK63 = (1 << 63) - 1
@@ -26,10 +26,11 @@ class BlockHasher:
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
-        self._canonical: dict[int, int] = {}  # trace hash id -> id by first appearance
+        self._canonical: dict[Hashable, int] = {}  # trace hash id -> id by first appearance
 
-    def canonical(self, trace_ids: Sequence[int]) -> list[int]:
-        """Trace hash ids renumbered by order of first appearance across the run."""
+    def canonical(self, trace_ids: Sequence[Hashable]) -> list[int]:
+        """Trace hash ids renumbered by order of first appearance across the run (an agentic
+        play instance salts its ids, `(salt, id)`, to keep a cache space of its own)."""
         table = self._canonical
         out = []
         for h in trace_ids:
@@ -40,7 +41,7 @@ class BlockHasher:
         return out
 
     def prompt_hashes(
-        self, trace_ids: Sequence[int], input_length: int, trace_block_size: int
+        self, trace_ids: Sequence[Hashable], input_length: int, trace_block_size: int
     ) -> list[int]:
         """Chained ids of the prompt's full engine blocks."""
         ids = self.canonical(trace_ids)

@@ -1,0 +1,1 @@
+"""Agentic replay: agent lanes over plays of dependent requests, snapshots, warmup, profile."""
