@@ -156,7 +156,7 @@ def snapshot_plan(
         deps = []
         for d in n.dependencies:
             if d.request_id in historical:
-                trig = _trigger_time(by_id[d.request_id], d, starts.__getitem__)
+                trig = _trigger_time(by_id[d.request_id], d, lambda p: starts[p.request_id])
                 remaining = max(remaining, trig + d.delay_ms - t_star)
             else:
                 deps.append(_scaled(d, speedup))

@@ -34,7 +34,7 @@ def format_validation_error(err: ValidationError) -> str:
         path = _path(loc)
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
-            msg = "unknown key (not in the schema)"
+            msg = "unknown field (not in the schema)"
         elif "input" in e and e["type"] not in ("missing",):
             got = e["input"]
             if not isinstance(got, Mapping):
