@@ -29,9 +29,14 @@ For every trace x cluster shape this runs
     weights, decode_active_request_weight, router_temperature, router_queue_threshold,
     router_queue_policy) and `kv_event_lag_ms`; round_robin: `router_mode="round_robin"`.
 
+  - workload=agentic_mooncake (`--override workload=agentic_mooncake`): `trace_format=
+    "agentic_mooncake"`, `agentic_lanes` and `execution_model` (llm.name); lanes must use
+    `workload.agentic_lane_assignment=shared_queue` (the mocker's lanes take the next unstarted
+    play), and snapshots, warmup and profiles have no offline counterpart there.
+
   A setting the mocker cannot express stops the run (exit status 2): another timing model or
   polynomial coefficients, a random router, session affinity (router.affinity.mode), a
-  non-Mooncake workload, a rate load; in P/D also
+  workload other than mooncake / agentic_mooncake, a rate load; in P/D also
   link.latency_ms > 0 (e.g. link=infiniband), link.contention other than per_request,
   link.state_bytes > 0 and per-pair links (link.pairs).
 
@@ -97,6 +102,7 @@ from model.config.derived import (
     transfer_bytes_per_token,
 )
 from model.config.schema import (
+    AgenticMooncakeWorkload,
     ConcurrencyLoad,
     DisaggTopology,
     FixedTiming,
@@ -141,6 +147,9 @@ METRICS: tuple[Metric, ...] = (
     Metric("prefill_worker_seconds", "throughput"),
     Metric("decode_worker_seconds", "throughput"),
     Metric("gpu_hours", "throughput"),
+    # agentic replay: a completed play's first arrival to last terminal (absent elsewhere)
+    Metric("mean_trajectory_e2e_latency_ms", "latency"),
+    Metric("completed_trajectories", "throughput"),
 )
 
 
@@ -195,11 +204,14 @@ def compose_run_config(trace: Path, shape: Shape | int, overrides: Sequence[str]
     (`shape` an int: that many aggregated workers)."""
     if isinstance(shape, int):
         shape = Shape(workers=shape)
+    base = list(BASE_OVERRIDES)
+    if any(o.startswith("workload=") for o in overrides):  # e.g. workload=agentic_mooncake
+        base.remove("workload=mooncake")
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(
             "config",
             overrides=[
-                *BASE_OVERRIDES,
+                *base,
                 f"workload.path={trace}",
                 *shape.overrides(overrides),
                 *overrides,
@@ -361,6 +373,31 @@ def _router_args(cfg: RunConfig, problems: list[str]) -> dict[str, Any]:
     return out
 
 
+def _agentic_args(
+    cfg: RunConfig, workload: AgenticMooncakeWorkload, problems: list[str]
+) -> dict[str, Any]:
+    """An agentic Mooncake file: `trace_format="agentic_mooncake"`, `agentic_lanes`, and the
+    configured model as `execution_model` (the mocker projects every node onto it)."""
+    out: dict[str, Any] = {
+        "trace_format": "agentic_mooncake",
+        "trace_block_size": workload.trace_block_size,
+        "execution_model": cfg.llm.name,
+    }
+    if workload.agentic_lanes is not None:
+        out["agentic_lanes"] = workload.agentic_lanes
+        if workload.agentic_lane_assignment != "shared_queue":
+            problems.append(
+                "workload.agentic_lane_assignment=stride: the mocker's lanes take the next "
+                "unstarted play (set workload.agentic_lane_assignment=shared_queue)"
+            )
+    for key in ("agentic_snapshot", "agentic_profile"):
+        if getattr(workload, key) is not None:
+            problems.append(f"workload.{key}: the mocker's offline replay has no {key}")
+    if workload.agentic_warmup:
+        problems.append("workload.agentic_warmup: the mocker's offline replay has no warmup")
+    return out
+
+
 def mocker_kwargs(cfg: RunConfig) -> dict[str, Any]:
     """Keyword arguments of `run_mocker_trace_replay` equivalent to servesim's `cfg` (the
     trace list and report path aside). Raises UnsupportedConfig naming every setting the
@@ -382,6 +419,8 @@ def mocker_kwargs(cfg: RunConfig) -> dict[str, Any]:
         kwargs["trace_block_size"] = workload.trace_block_size
         if workload.max_requests is not None:
             problems.append("workload.max_requests: the mocker replays whole files")
+    elif isinstance(workload, AgenticMooncakeWorkload):
+        kwargs |= _agentic_args(cfg, workload, problems)
     else:
         problems.append(f"workload={workload.kind}: the comparison replays Mooncake traces")
     load = cfg.load

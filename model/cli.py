@@ -61,6 +61,14 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"{summary['total_throughput_tok_s']:,.1f} total tok/s",
         f"prefix reuse {summary['prefix_cache_reused_ratio']:.4f} of input tokens",
     ]
+    if "total_trajectories" in summary:  # an agentic replay
+        lines.append(
+            f"plays        {summary['total_trajectories']:,}: "
+            + ", ".join(
+                f"{summary[f'{k}_trajectories']:,} {k}"
+                for k in ("completed", "failed", "incomplete")
+            )
+        )
     return "\n".join(lines)
 
 

@@ -31,7 +31,14 @@ from typing import Any, Literal
 from model.workload.errors import TraceError, existing
 from model.workload.mooncake import _ms, parse_row
 
-__all__ = ["AgenticGraph", "Dependency", "Node", "Play", "read_agentic_mooncake"]
+__all__ = [
+    "AgenticGraph",
+    "Dependency",
+    "Node",
+    "Play",
+    "read_agentic_mooncake",
+    "write_agentic_v2",
+]
 
 SCHEMA = "dynamo.agentic_mooncake"
 SUPPORTED_VERSIONS = (2,)
@@ -505,3 +512,48 @@ def _read_legacy(
         source_models=tuple(sorted({n.model for n in by_id.values() if n.model is not None})),
         _by_id=by_id,
     )
+
+
+# --------------------------------------------------------------------------- writer
+
+
+def write_agentic_v2(graph: AgenticGraph, path: str | Path, model: str = "unspecified") -> Path:
+    """Write `graph` as an agentic Mooncake v2 file (header + one row per node, plays in
+    order), e.g. a synthetic workload for a peer simulator. A node without an authored start
+    gets its play's earliest one, which constrains nothing (its edges gate it later)."""
+    out = Path(path)
+    header = {
+        "schema": SCHEMA,
+        "version": 2,
+        "block_size": graph.block_size,
+        "hash_id_scope": graph.hash_id_scope or "local",
+        "source": {"format": graph.variant, "path": graph.path},
+    }
+    with out.open("w", encoding="utf-8") as fh:
+        fh.write(json.dumps(header) + "\n")
+        for play in graph.plays:
+            starts = [n.not_before_ms for n in play.nodes if n.not_before_ms is not None]
+            origin = min(starts) if starts else 0.0
+            for n in play.nodes:
+                row: dict[str, Any] = {
+                    "request_id": n.request_id,
+                    "play_id": play.play_id,
+                    "session_id": n.session_id or f"{play.play_id}:main",
+                    "model": n.model or model,
+                    "input_length": n.input_length,
+                    "output_length": n.output_length,
+                    "hash_ids": list(n.hash_ids),
+                    "not_before_ms": n.not_before_ms if n.not_before_ms is not None else origin,
+                }
+                if n.dependencies:
+                    row["dependencies"] = [
+                        {
+                            "request_id": d.request_id,
+                            "trigger": d.trigger,
+                            "delay_ms": d.delay_ms,
+                            "relation": d.relation,
+                        }
+                        for d in n.dependencies
+                    ]
+                fh.write(json.dumps(row) + "\n")
+    return out

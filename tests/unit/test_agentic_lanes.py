@@ -391,3 +391,21 @@ def test_agentic_options_errors_name_the_config_path(config, tmp_path):
     for extra, message in cases:
         with pytest.raises(ConfigError, match=message):
             config(workload={**base, **extra})
+
+
+def test_pd_completion_means_the_decode_terminal(config, tmp_path):
+    """1P1D: the child follows the decode side's last token (not the prefill end), and the
+    lane's next play starts once the first play settled."""
+    rows = [node("r0", "p", 0, n_out=20), node("r1", "p", 0, [seq("r0", 5)]), node("q0", "q", 0)]
+    cfg = config(
+        workload={"kind": "agentic_mooncake", "path": write(tmp_path, rows), "agentic_lanes": 1},
+        timing=FIXED,
+        engine={"block_size": 64},
+        topology={"kind": "disagg", "num_prefill_workers": 1, "num_decode_workers": 1},
+    )
+    res = simulate(cfg)
+    req = res.requests.set_index("request_id")
+    assert req.loc["r0", "source_held_ms"] < req.loc["r0", "terminal_ms"]
+    assert req.loc["r1", "arrival_ms"] == pytest.approx(req.loc["r0", "terminal_ms"] + 5)
+    assert req.loc["q0", "arrival_ms"] >= req.loc["r1", "terminal_ms"]
+    assert set(res.plays.status) == {"completed"}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from model.workload.agentic import Dependency, read_agentic_mooncake
+from model.workload.agentic import Dependency, read_agentic_mooncake, write_agentic_v2
 from model.workload.errors import TraceError
 
 HEADER = {
@@ -329,3 +329,26 @@ def test_missing_file_and_bad_block_size(tmp_path):
         read_agentic_mooncake(tmp_path / "nope.jsonl", 4)
     with pytest.raises(TraceError, match="trace_block_size must be greater than 0"):
         read_agentic_mooncake(write(tmp_path, [legacy("a", 0)]), 0)
+
+
+def test_v2_writer_round_trips_plays_nodes_and_edges(tmp_path):
+    """A legacy file written as v2 reads back as the same plays, nodes and typed edges (a
+    dependent node gets its play's earliest start, which its edges override)."""
+    rows = [
+        legacy("a0", ts=100.0),
+        legacy("a1", wait_for=["a0"], delay=10, tool_wait_ms=6),
+        legacy("b0", ts=50.0),
+    ]
+    graph = read_agentic_mooncake(write(tmp_path, rows), trace_block_size=4)
+    back = read_agentic_mooncake(write_agentic_v2(graph, tmp_path / "v2.jsonl", model="m"))
+    assert back.variant == "v2" and back.block_size == 4
+    assert [p.play_id for p in back.plays] == [p.play_id for p in graph.plays]
+    for old, new in zip(graph.nodes, back.nodes, strict=True):
+        assert (new.request_id, new.input_length, new.output_length, new.hash_ids) == (
+            old.request_id,
+            old.input_length,
+            old.output_length,
+            old.hash_ids,
+        )
+        assert new.dependencies == old.dependencies
+    assert back.node("a1").not_before_ms == 100.0
