@@ -65,9 +65,9 @@ def format_summary(summary: dict[str, Any]) -> str:
         lines.append(
             f"plays        {summary['total_trajectories']:,}: "
             + ", ".join(
-                f"{summary[f'{k}_trajectories']:,} {k}"
-                for k in ("completed", "failed", "incomplete")
+                f"{summary[f'{k}_trajectories']:,} {k}" for k in ("completed", "incomplete")
             )
+            + f" ({summary['failed_trajectories']:,} of them failed)"
         )
     return "\n".join(lines)
 

@@ -300,7 +300,7 @@ def simulate(cfg: RunConfig) -> Result:
     in_flight = cluster.in_flight()
     # levels hold until the last thing happened: the stop, if it cut requests off
     activity_end = stopped_at if in_flight else recorder.last_event_ms
-    if replay is not None and replay.finished is not None:
+    if replay is not None and replay.profile is not None:
         cut = "canceled at the agentic_profile response grace deadline"
     elif cfg.stop.max_virtual_time_ms is not None:
         cut = "in flight at max_virtual_time_ms"

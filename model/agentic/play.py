@@ -87,6 +87,7 @@ class PlayRun:
         self.n_done = 0
         self.status = RUNNING
         self.failure: tuple[float, int, str, str] | None = None  # (t, ordinal, request, reason)
+        self.failure_status: str | None = None  # the failing request's terminal status
         self.settled_at_ms = math.nan
         self.first_arrival_ms = math.inf
         self.last_terminal_ms = -math.inf
@@ -151,6 +152,7 @@ class PlayRun:
             cause = (now, nr.ordinal, req.request_id, req.reason or req.terminal_status)
             if self.failure is None or cause[:2] < self.failure[:2]:
                 self.failure = cause
+                self.failure_status = req.terminal_status
             if self.status == RUNNING:
                 self.status = FAILED
         else:

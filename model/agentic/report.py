@@ -34,11 +34,16 @@ def trajectory_summary(plays: pd.DataFrame) -> dict[str, Any]:
     """Dynamo's trajectory keys: counts by outcome and the spread of a completed play's
     first arrival to last terminal."""
     status = plays["status"] if len(plays) else pd.Series([], dtype=object)
-    out: dict[str, Any] = {"total_trajectories": int(len(status))}
-    for outcome in ("completed", "failed", "incomplete"):
-        out[f"{outcome}_trajectories"] = int((status == outcome).sum())
-    done = plays.loc[status == "completed", "trajectory_e2e_ms"] if len(plays) else []
-    values = np.asarray(done, dtype=float)
+    done = int((status == "completed").sum())
+    out: dict[str, Any] = {
+        "total_trajectories": int(len(status)),
+        "completed_trajectories": done,
+        # Dynamo's meaning: every play that did not complete (failed ones included)
+        "incomplete_trajectories": int(len(status)) - done,
+        "failed_trajectories": int((status == "failed").sum()),
+    }
+    e2e = plays.loc[status == "completed", "trajectory_e2e_ms"] if len(plays) else []
+    values = np.asarray(e2e, dtype=float)
     stats: dict[str, Callable[..., Any]] = {
         "mean": np.mean,
         "min": np.min,
@@ -88,6 +93,7 @@ def metadata(replay: AgenticReplay, target_model: str, requests: pd.DataFrame) -
                 "causal_terminal_ms": _num(run.record()["causal_terminal_ms"]),
                 "settled_at_ms": _num(run.settled_at_ms),
                 "failure_request_id": run.failure[2] if run.failure else None,
+                "failure_status": run.failure_status,
             }
             for run in replay.runs
         ],

@@ -184,6 +184,11 @@ def test_a_rejected_node_fails_its_play_without_stalling_the_lane(config, tmp_pa
     assert sum(counts.values()) == 4
     assert res.summary["failed_trajectories"] == 1
     assert res.summary["completed_trajectories"] == 1
+    assert res.summary["incomplete_trajectories"] == 1  # Dynamo's: not completed
+    (outcome,) = [
+        o for o in res.summary["metadata"]["agentic_play_outcomes"] if o["play_id"] == "p"
+    ]
+    assert outcome["status"] == "failed" and outcome["failure_status"] == "rejected"
 
 
 # --------------------------------------------------------------------------- snapshot
