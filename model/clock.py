@@ -24,6 +24,9 @@ PREFILL_NEXT_PASS = 0.5
 # SimPy uses 0 (URGENT) to start processes and 1 (NORMAL) for timeouts and succeed():
 # arrivals and everything they trigger happen in the NORMAL phase.
 ARRIVAL = 1
+# agentic replay dispatches the requests released at an instant together, in request-id order
+# (as Dynamo's mocker does), after the instant's timers and completions have released them
+AGENTIC_RELEASE = 1.5
 PASS_START = 3  # (2 is kept for telemetry)
 
 

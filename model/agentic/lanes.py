@@ -41,6 +41,7 @@ from model.agentic.snapshot import (
     snapshot_plan,
     snapshot_record,
 )
+from model.clock import AGENTIC_RELEASE, at_time
 from model.cluster.base import ClusterBase
 from model.config.schema import AgenticOptions
 from model.metrics.recorder import COMPLETED, INCOMPLETE, Recorder
@@ -77,6 +78,13 @@ class AgenticReplay:
         self.lane_assignment = options.agentic_lane_assignment
         self.lanes = options.agentic_lanes
         self.digest = graph_digest(graph)
+        # the order lanes take plays in: the source's play ordinals, else play ids sorted
+        # (what Dynamo 1.6.1's mocker does, checked on renamed and reordered plays)
+        self.plays = (
+            graph.plays
+            if graph.ordered_by_source
+            else tuple(sorted(graph.plays, key=lambda p: p.play_id))
+        )
         self.runs: list[PlayRun] = []
         self.active: set[PlayRun] = set()
         self.client_in_flight = 0
@@ -98,6 +106,8 @@ class AgenticReplay:
         self.profile: dict[str, Any] | None = None
         self.idle_shifts: list[dict[str, Any]] = []
         self._drained: simpy.Event | None = None
+        self._released: list[tuple[str, int, PlayRun, Any]] = []
+        self._flush_armed = False
 
     # ------------------------------------------------------------------ start
 
@@ -107,8 +117,8 @@ class AgenticReplay:
         if opts.agentic_profile is not None:
             self.finished = self.env.event()
         if self.lanes is None:
-            origin = min(play_origin(p) for p in self.graph.plays)
-            for play in self.graph.plays:
+            origin = min(play_origin(p) for p in self.plays)
+            for play in self.plays:
                 plan = full_plan(play, origin, self.speedup)
                 self._start_run(plan, play.play_id, None, 0, None).start(0.0)
             return
@@ -140,7 +150,7 @@ class AgenticReplay:
 
     def _plan(self, lane: int, ordinal: int) -> tuple[PlayPlan, str, Any] | None:
         """The play lane `lane` replays as its `ordinal`-th, or None when it has no more."""
-        plays = self.graph.plays
+        plays = self.plays
         n = len(plays)
         opts = self.options
         assert self.lanes is not None
@@ -214,6 +224,22 @@ class AgenticReplay:
         node = nr.live.node
         rid = node.request_id if run.salt is None else f"{run.instance_id}/{node.request_id}"
         return self._request(node, run.salt, rid, run.instance_id, run.lane, run.phase)
+
+    def release(self, run: PlayRun, nr: Any) -> None:
+        """`nr` of `run` is due now: dispatch it with the instant's other releases."""
+        node = nr.live.node
+        key = node.request_id if run.salt is None else f"{run.instance_id}/{node.request_id}"
+        self._released.append((key, len(self._released), run, nr))
+        if not self._flush_armed:
+            self._flush_armed = True
+            at_time(self.env, self.env.now, AGENTIC_RELEASE).callbacks.append(self._flush)
+
+    def _flush(self, _ev: Any) -> None:
+        batch = sorted(self._released, key=lambda r: (r[0], r[1]))
+        self._released = []
+        self._flush_armed = False
+        for _, _, run, nr in batch:
+            run.dispatch(nr)
 
     def dispatch(self, req: Request) -> None:
         self.client_in_flight += 1

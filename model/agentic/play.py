@@ -53,7 +53,7 @@ class NodeRun:
         self.timer_ms = math.inf  # when it fires
         self.req: Request | None = None
         self.children: list[tuple[NodeRun, float, str]] = []  # (child, delay ms, trigger)
-        self.state = "waiting"  # waiting | timer | dispatched | done | skipped
+        self.state = "waiting"  # waiting | timer | ready | dispatched | done | skipped
 
 
 class PlayRun:
@@ -117,6 +117,11 @@ class PlayRun:
         if nr.timer is not ev or nr.state != "timer":
             return  # re-armed earlier (idle shift) or skipped
         nr.timer = None
+        nr.state = "ready"
+        self.replay.release(self, nr)  # dispatched with the instant's other releases
+
+    def dispatch(self, nr: NodeRun) -> None:
+        """Send a released node now, unless the play failed or admission closed meanwhile."""
         if self.status != RUNNING or not self.replay.admission_open():
             nr.state = "skipped"
             self._check_settled()
@@ -178,7 +183,7 @@ class PlayRun:
         self.status = status
         self.settled_at_ms = self.env.now
         for nr in self.nodes:
-            if nr.state in ("waiting", "timer"):
+            if nr.state in ("waiting", "timer", "ready"):
                 nr.state = "skipped"
                 nr.timer = None
         self.settled.succeed(status)
@@ -191,7 +196,7 @@ class PlayRun:
         self.status = INCOMPLETE_PLAY
         self.settled_at_ms = now_ms
         for nr in self.nodes:
-            if nr.state in ("waiting", "timer"):
+            if nr.state in ("waiting", "timer", "ready"):
                 nr.state = "skipped"
         self.settled.succeed(INCOMPLETE_PLAY)
         self.replay.play_settled(self)

@@ -4,7 +4,6 @@ sections (`agentic_graph`, `agentic_projection`, `agentic_snapshots`, `agentic_p
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -13,6 +12,7 @@ import pandas as pd
 from model.agentic.lanes import BARRIER, PHASES_SCHEMA, PRIMER, WARMUP, AgenticReplay
 from model.agentic.qualification import QUALIFICATION
 from model.metrics.recorder import COMPLETED
+from model.metrics.summary import distribution
 
 PREPARATION = (PRIMER, WARMUP)
 REQUEST_AGENTIC_COLUMNS = ["request_id", "play_id", "source_request_id", "lane", "phase"]
@@ -43,20 +43,8 @@ def trajectory_summary(plays: pd.DataFrame) -> dict[str, Any]:
         "failed_trajectories": int((status == "failed").sum()),
     }
     e2e = plays.loc[status == "completed", "trajectory_e2e_ms"] if len(plays) else []
-    values = np.asarray(e2e, dtype=float)
-    stats: dict[str, Callable[..., Any]] = {
-        "mean": np.mean,
-        "min": np.min,
-        "max": np.max,
-        "median": np.median,
-        "std": np.std,
-    }
-    for name, fn in stats.items():
-        out[f"{name}_trajectory_e2e_latency_ms"] = float(fn(values)) if len(values) else None
-    for q in (50, 75, 90, 95, 99):
-        out[f"p{q}_trajectory_e2e_latency_ms"] = (
-            float(np.percentile(values, q)) if len(values) else None
-        )
+    out.update(distribution(np.asarray(e2e, dtype=float), "trajectory_e2e_latency"))
+    out["p50_trajectory_e2e_latency_ms"] = out["median_trajectory_e2e_latency_ms"]
     return out
 
 

@@ -102,6 +102,9 @@ class AgenticGraph:
     source: dict[str, Any] | None = None  # the header's `source` object (v2 only)
     hash_id_scope: str | None = None
     source_models: tuple[str, ...] = ()  # distinct model names seen in rows, sorted
+    # v2 files that set source_play_ordinal: `plays` is in that order, which replay keeps
+    # (otherwise replay sorts plays by id, as Dynamo does)
+    ordered_by_source: bool = False
     _by_id: dict[str, Node] = field(default_factory=dict, repr=False, compare=False)
 
     def node(self, request_id: str) -> Node:
@@ -281,6 +284,7 @@ def _read_v2(
         source=dict(source) if source is not None else None,
         hash_id_scope=scope,
         source_models=tuple(sorted({n.model for n in nodes if n.model is not None})),
+        ordered_by_source=any(v[0] is not None for v in ordinals.values()),
         _by_id=by_id,
     )
 
@@ -545,6 +549,8 @@ def write_agentic_v2(graph: AgenticGraph, path: str | Path, model: str = "unspec
                     "hash_ids": list(n.hash_ids),
                     "not_before_ms": n.not_before_ms if n.not_before_ms is not None else origin,
                 }
+                if graph.ordered_by_source:  # keep the play order a replay takes
+                    row["source_play_ordinal"] = play.ordinal
                 if n.dependencies:
                     row["dependencies"] = [
                         {

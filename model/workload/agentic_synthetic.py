@@ -9,8 +9,9 @@ T = max(1, turns_per_play) calls `play{p}:main:t{k}`:
   completion edge, relation "sequence", delay = the tool time);
 * after turn k < T-1, with `subagent_probability`, a sub-agent session `play{p}:sub{k}` of
   `subagent_turns` calls starts from the system prompt and its own first user message and grows
-  the same way. Its first call is spawned when main turn k is dispatched (dispatch edge,
-  relation "spawn", delay 0: the graph has no separate spawn latency to draw). With
+  the same way. Its first call is spawned when main turn k completes, the tool call that
+  launches it being in that turn's output (completion edge, relation "spawn", delay 0); it
+  then runs beside the main agent's tool wait and next turns. With
   `subagent_blocking_probability` it is blocking: main turn k+1 also waits for the sub-agent's
   last call (completion edge, relation "join", delay 0).
 
@@ -32,7 +33,8 @@ first user message is at least 1 token so no call has an empty prompt.
 Nothing here was recorded, so `recorded_api_time_ms` stays None; `recorded_start_ms` is a
 static estimate that gives snapshot cuts a span: a root at its `not_before_ms`, any other call
 at the latest of its edges' trigger times plus their delays, where a dispatch trigger is the
-predecessor's estimated start and a completion trigger that start plus a nominal call time of
+predecessor's estimated start and a completion trigger (a spawn included) that start plus a
+nominal call time of
 `NOMINAL_CALL_MS + NOMINAL_MS_PER_OUTPUT_TOKEN x output tokens`.
 """
 
@@ -173,8 +175,8 @@ def _play(
             f"{play_id}:sub{k}",
             play_id,
             cfg.subagent_turns,
-            (Dependency(parent.request_id, "dispatch", 0.0, "spawn"),),
-            parent_start_ms,  # dispatch trigger, delay 0
+            (Dependency(parent.request_id, "completion", 0.0, "spawn"),),
+            parent_start_ms + nominal_call_ms(parent.output_length),  # at the parent's end
             None,
             line,
         )
@@ -216,5 +218,6 @@ def generate_agentic(cfg: AgenticSyntheticWorkload, rng: np.random.Generator) ->
         variant="synthetic",
         source={"format": "agentic_synthetic", **cfg.model_dump(mode="json")},
         source_models=(),
+        ordered_by_source=True,  # lanes take play0, play1, ... in generation order
         _by_id=by_id,
     )

@@ -113,7 +113,19 @@ SKETCH_SUMMARY_KEYS = frozenset(
     for name in ("itl_ms", "output_token_throughput_per_user")
 )
 # Compared elsewhere (committed_prefill_tokens), or not a number of the run.
-NOT_COMPARED = frozenset({"committed_prefill_tokens", "kv_eviction_policy", "_mocker_version"})
+NOT_COMPARED = frozenset(
+    {
+        "committed_prefill_tokens",
+        "kv_eviction_policy",
+        "_mocker_version",
+        # agentic cases: not numbers (play outcomes have their own test), or the mocker's own
+        # lifecycle log (a digest of its internal events, and their count)
+        "agentic_graph",
+        "agentic_play_outcomes",
+        "agentic_lifecycle_digest",
+        "agentic_lifecycle_event_count",
+    }
+)
 
 COMMITTED = (
     "servesim's committed_prefill_tokens sums, over admissions, the sequence minus its prefix "
@@ -306,6 +318,27 @@ def test_committed_prefill_tokens_match_mocker(name: str) -> None:
     ours = servesim_run(name).summary["committed_prefill_tokens"]
     ref = json.loads((FIXTURES / name / "summary.json").read_text())["committed_prefill_tokens"]
     assert ours == ref
+
+
+AGENTIC_CASES = [name for name in CASES if "agentic" in name]
+
+
+@pytest.mark.parametrize("name", AGENTIC_CASES)
+def test_play_outcomes_match_mocker(name: str) -> None:
+    """Agentic cases: every play settles with the mocker's status, settle time, causal
+    terminal and failing request."""
+    ours = {
+        o["play_id"]: o for o in servesim_run(name).summary["metadata"]["agentic_play_outcomes"]
+    }
+    ref = json.loads((FIXTURES / name / "summary.json").read_text())["agentic_play_outcomes"]
+    assert sorted(ours) == sorted(o["play_id"] for o in ref)
+    for o in ref:
+        mine = ours[o["play_id"]]
+        assert mine["status"] == o["status"], o["play_id"]
+        for key in ("settled_at_ms", "causal_terminal_ms"):
+            assert same_time(mine[key], o[key]), (o["play_id"], key, mine[key], o[key])
+        assert mine["failure_request_id"] == o.get("failure_request_id"), o["play_id"]
+        assert mine["failure_status"] == o.get("failure_status"), o["play_id"]
 
 
 def test_fixtures_present() -> None:

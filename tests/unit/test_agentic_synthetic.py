@@ -136,7 +136,7 @@ def test_no_subagents_at_probability_zero():
 
 def test_one_blocking_subagent_per_turn_but_the_last():
     """subagent_probability 1 and blocking 1: after every main turn but the last a sub-agent
-    session of subagent_turns calls, spawned at the turn's dispatch (delay 0), chained by
+    session of subagent_turns calls, spawned at the turn's completion (delay 0), chained by
     sequence edges, its last call joined into the next main turn; it shares only the system
     prompt's blocks."""
     g = graph(constant_cfg(subagent_probability=1.0, subagent_blocking_probability=1.0))
@@ -164,7 +164,7 @@ def test_one_blocking_subagent_per_turn_but_the_last():
         assert [n.input_length for n in (s0, s1)] == [192, 240]
         assert s0.hash_ids[:2] == (0, 1) and not set(s0.hash_ids[2:]) & set(main[k].hash_ids)
         assert s1.hash_ids[:3] == s0.hash_ids
-        assert edges(s0) == [(main[k].request_id, "dispatch", 0.0, "spawn")]
+        assert edges(s0) == [(main[k].request_id, "completion", 0.0, "spawn")]
         assert edges(s1) == [(s0.request_id, "completion", 250.0, "sequence")]
         assert edges(main[k + 1]) == [
             (main[k].request_id, "completion", 250.0, "sequence"),
@@ -184,21 +184,21 @@ def test_background_subagents_have_no_join():
 
 def test_recorded_starts_closed_form():
     """Start estimates: root at p x interval; a completion edge adds the nominal call time
-    (100 + 20 x 16 = 420 ms) and its delay; a spawn starts with its parent; a join waits for the
+    (100 + 20 x 16 = 420 ms) and its delay; a spawn starts at its parent's end; a join waits for the
     sub-agent's estimated end. recorded_api_time_ms stays None."""
     g = graph(constant_cfg(subagent_probability=1.0, num_plays=2))
     call = nominal_call_ms(16)
     assert call == 420.0
     p1 = {n.request_id: n.recorded_start_ms for n in g.plays[1].nodes}
-    sub_end = 1000.0 + call + 250.0 + call  # sub0:t1 starts after sub0:t0 + tool
+    t1 = 1000.0 + 3 * call + 250.0  # main:t1 joins sub0:t1, which ends 3 calls + a tool in
     assert p1 == {
         "play1:main:t0": 1000.0,
-        "play1:sub0:t0": 1000.0,
-        "play1:sub0:t1": 1000.0 + call + 250.0,
-        "play1:main:t1": sub_end,
-        "play1:sub1:t0": sub_end,
-        "play1:sub1:t1": sub_end + call + 250.0,
-        "play1:main:t2": sub_end + call + 250.0 + call,
+        "play1:sub0:t0": 1000.0 + call,
+        "play1:sub0:t1": 1000.0 + 2 * call + 250.0,
+        "play1:main:t1": t1,
+        "play1:sub1:t0": t1 + call,
+        "play1:sub1:t1": t1 + 2 * call + 250.0,
+        "play1:main:t2": t1 + 3 * call + 250.0,
     }
     assert all(n.recorded_api_time_ms is None for n in g.nodes)
 

@@ -95,6 +95,8 @@ BASE_OVERRIDES = ["experiment=dynamo_compat", "workload=mooncake", "output.progr
 # Llama-3.1-8B: 32 layers x 2 (K, V) x 8 KV heads x 128 dims x 2 bytes, servesim's default
 # (`link.kv_bytes_per_token: null` derives it from the llm geometry).
 KV_BYTES_PER_TOKEN = 131072
+# the model agentic cases project every node onto (servesim's default llm)
+EXECUTION_MODEL = "llama3_8b"
 
 
 # --------------------------------------------------------------------------- traces
@@ -541,6 +543,111 @@ def arrival_at_prefill_pass_end_trace() -> list[Row]:
     ]
 
 
+AGENTIC_HEADER: Row = {
+    "schema": "dynamo.agentic_mooncake",
+    "version": 2,
+    "block_size": 64,
+    "hash_id_scope": "local",
+    "source": {"format": "make_fixtures", "digest": "golden"},
+}
+
+
+def agentic_trace(seed: int = 7, n_plays: int = 12) -> list[Row]:
+    """An agentic Mooncake v2 file: `n_plays` plays 150 ms apart, each a main agent of 3-6
+    turns over one growing context (a 128-token system prompt shared by every play), tool waits
+    of 20-400 ms between turns (completion edges), and after some turns a 2-turn sub-agent
+    spawned 0-20 ms after the turn's dispatch, which the next main turn sometimes joins."""
+    rng = random.Random(seed)
+    next_id = [1000]
+    system = [1, 2]  # two 64-token blocks every play shares
+    rows: list[Row] = [AGENTIC_HEADER]
+
+    def call(rid: str, play: str, session: str, ids: list[int], n_in: int, t0: float, deps):
+        rows.append(
+            {
+                "request_id": rid,
+                "play_id": play,
+                "session_id": session,
+                "model": "source-model",
+                "input_length": n_in,
+                "output_length": rng.randint(5, 40),
+                "hash_ids": list(ids),
+                "not_before_ms": t0,
+                "dependencies": deps,
+            }
+        )
+        return rows[-1]["output_length"]
+
+    def grow(ids: list[int], n_in: int, extra: int) -> tuple[list[int], int]:
+        n = n_in + extra
+        need = -(-n // 64) - len(ids)
+        return ids + _hash_ids(next_id, need), n
+
+    for p in range(n_plays):
+        play, t0 = f"p{p}", p * 150.0
+        ids, n_in = grow(system, 128, rng.randint(64, 400))
+        prev: str | None = None
+        join: str | None = None
+        for k in range(rng.randint(3, 6)):
+            rid = f"{play}:m{k}"
+            deps = []
+            if prev is not None:
+                deps.append(_dep(prev, "completion", rng.randint(20, 400), "sequence"))
+            if join is not None:
+                deps.append(_dep(join, "completion", 0, "join"))
+            out = call(rid, play, f"{play}:main", ids, n_in, t0, deps)
+            join = None
+            if rng.random() < 0.35:  # a sub-agent off this turn
+                sub_ids, sub_in = grow(system, 128, rng.randint(32, 200))
+                sub_prev = None
+                for j in range(2):
+                    sid = f"{play}:s{k}.{j}"
+                    sub_deps = (
+                        [_dep(rid, "dispatch", rng.randint(0, 20), "spawn")]
+                        if sub_prev is None
+                        else [_dep(sub_prev, "completion", rng.randint(20, 200), "sequence")]
+                    )
+                    sub_out = call(sid, play, f"{play}:sub{k}", sub_ids, sub_in, t0, sub_deps)
+                    sub_ids, sub_in = grow(sub_ids, sub_in, sub_out + rng.randint(16, 128))
+                    sub_prev = sid
+                if rng.random() < 0.5:
+                    join = sub_prev
+            ids, n_in = grow(ids, n_in, out + rng.randint(16, 300))
+            prev = rid
+    return rows
+
+
+def _dep(rid: str, trigger: str, delay: float, relation: str) -> Row:
+    return {"request_id": rid, "trigger": trigger, "delay_ms": delay, "relation": relation}
+
+
+def agentic_rejected_trace() -> list[Row]:
+    """Play p's second turn (2,048 tokens) reaches max_model_len 1,024: p fails, its third turn
+    is never dispatched, and the lane goes on to play q."""
+
+    def row(rid: str, play: str, n_in: int, deps: list[Row]) -> Row:
+        return {
+            "request_id": rid,
+            "play_id": play,
+            "session_id": f"{play}:main",
+            "model": "source-model",
+            "input_length": n_in,
+            "output_length": 3,
+            "hash_ids": list(range(1, -(-n_in // 64) + 1)),
+            "not_before_ms": 0,
+            "dependencies": deps,
+        }
+
+    return [
+        AGENTIC_HEADER,
+        row("p:0", "p", 64, []),
+        row("p:1", "p", 2048, [_dep("p:0", "completion", 0, "sequence")]),
+        row("p:2", "p", 64, [_dep("p:1", "completion", 0, "sequence")]),
+        row("q:0", "q", 128, []),
+        row("q:1", "q", 256, [_dep("q:0", "completion", 50, "sequence")]),
+    ]
+
+
 # --------------------------------------------------------------------------- cases
 
 
@@ -561,11 +668,24 @@ class Case:
     decode_dp: int = 1
     bandwidth_gbps: float | None = None  # link.bandwidth_gbps (None: instant)
     timing_mode: str = "full_prompt"  # link.timing_mode
+    # agentic_mooncake v2 traces: replayed as plays (lanes None: every play at its own start)
+    agentic: bool = False
+    agentic_lanes: int | None = None
 
     def mocker_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of `run_mocker_trace_replay` (without the trace list and
-        report path). P/D: both args dicts with worker_type, the transfer settings on the
-        prefill args only (the mocker reads them there), dp_size at the top of each."""
+        report path); agentic cases add the trace format, the lanes and the execution model."""
+        out = self._cluster_kwargs()
+        if self.agentic:
+            out["trace_format"] = "agentic_mooncake"
+            out["execution_model"] = EXECUTION_MODEL
+            if self.agentic_lanes is not None:
+                out["agentic_lanes"] = self.agentic_lanes
+        return out
+
+    def _cluster_kwargs(self) -> dict[str, Any]:
+        """P/D: both args dicts with worker_type, the transfer settings on the prefill args
+        only (the mocker reads them there), dp_size at the top of each."""
         if self.pd is None:
             return {
                 "num_workers": self.num_workers,
@@ -607,6 +727,18 @@ class Case:
 
     def overrides(self) -> list[str]:
         """servesim Hydra overrides (add `workload.path=<case dir>/trace.jsonl`)."""
+        out = self._cluster_overrides()
+        if not self.agentic:
+            return out
+        out[out.index("workload=mooncake")] = "workload=agentic_mooncake"
+        if self.agentic_lanes is not None:
+            out += [
+                f"workload.agentic_lanes={self.agentic_lanes}",
+                "workload.agentic_lane_assignment=shared_queue",  # the mocker's lane rule
+            ]
+        return out
+
+    def _cluster_overrides(self) -> list[str]:
         if self.pd is None:
             return [
                 *BASE_OVERRIDES,
@@ -910,6 +1042,46 @@ CASES = [
         trace_block_size=64,
         engine=HOST_ENGINE,
         servesim_overrides=HOST_OVERRIDES,
+    ),
+    Case(
+        "zz1_agentic_no_lanes_1w",
+        "12 agent plays (growing contexts, tool waits, spawned sub-agents, joins), every play "
+        "at its authored start; 1 worker",
+        agentic_trace,
+        trace_block_size=64,
+        agentic=True,
+    ),
+    Case(
+        "zz2_agentic_lanes3_2w",
+        "the plays of zz1 on 3 lanes (a lane takes the next unstarted play when its play "
+        "settles); 2 workers",
+        agentic_trace,
+        num_workers=2,
+        trace_block_size=64,
+        agentic=True,
+        agentic_lanes=3,
+    ),
+    Case(
+        "zz3_agentic_pd_lanes2",
+        "the plays of zz1 on 2 lanes, 1P1D at 25 GB/s: a completion edge waits for the decode "
+        "side's last token",
+        agentic_trace,
+        pd=(1, 1),
+        trace_block_size=64,
+        bandwidth_gbps=25.0,
+        agentic=True,
+        agentic_lanes=2,
+    ),
+    Case(
+        "zz4_agentic_rejected",
+        "a node reaching max_model_len fails its play; its successor is never dispatched and "
+        "the single lane goes on",
+        agentic_rejected_trace,
+        trace_block_size=64,
+        engine={"max_model_len": 1024},
+        servesim_overrides=("engine.max_model_len=1024",),
+        agentic=True,
+        agentic_lanes=1,
     ),
 ]
 
