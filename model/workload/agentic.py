@@ -22,6 +22,7 @@ that helps. `model.agentic` replays the graph.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import dataclass, field, replace
@@ -524,42 +525,48 @@ def _read_legacy(
 def write_agentic_v2(graph: AgenticGraph, path: str | Path, model: str = "unspecified") -> Path:
     """Write `graph` as an agentic Mooncake v2 file (header + one row per node, plays in
     order), e.g. a synthetic workload for a peer simulator. A node without an authored start
-    gets its play's earliest one, which constrains nothing (its edges gate it later)."""
-    out = Path(path)
+    gets its play's earliest one, which constrains nothing (its edges gate it later). The
+    header's `source` is `{format, digest}` (Dynamo requires both): the graph's own when it was
+    read from a v2 file that had them, else the variant and a SHA-256 of the rows."""
+    lines = []
+    for play in graph.plays:
+        starts = [n.not_before_ms for n in play.nodes if n.not_before_ms is not None]
+        origin = min(starts) if starts else 0.0
+        for n in play.nodes:
+            row: dict[str, Any] = {
+                "request_id": n.request_id,
+                "play_id": play.play_id,
+                "session_id": n.session_id or f"{play.play_id}:main",
+                "model": n.model or model,
+                "input_length": n.input_length,
+                "output_length": n.output_length,
+                "hash_ids": list(n.hash_ids),
+                "not_before_ms": n.not_before_ms if n.not_before_ms is not None else origin,
+            }
+            if graph.ordered_by_source:  # keep the play order a replay takes
+                row["source_play_ordinal"] = play.ordinal
+            if n.dependencies:
+                row["dependencies"] = [
+                    {
+                        "request_id": d.request_id,
+                        "trigger": d.trigger,
+                        "delay_ms": d.delay_ms,
+                        "relation": d.relation,
+                    }
+                    for d in n.dependencies
+                ]
+            lines.append(json.dumps(row) + "\n")
+    source = graph.source
+    if not (source and "format" in source and "digest" in source):
+        digest = hashlib.sha256("".join(lines).encode()).hexdigest()
+        source = {"format": graph.variant, "digest": digest}
     header = {
         "schema": SCHEMA,
         "version": 2,
         "block_size": graph.block_size,
         "hash_id_scope": graph.hash_id_scope or "local",
-        "source": {"format": graph.variant, "path": graph.path},
+        "source": source,
     }
-    with out.open("w", encoding="utf-8") as fh:
-        fh.write(json.dumps(header) + "\n")
-        for play in graph.plays:
-            starts = [n.not_before_ms for n in play.nodes if n.not_before_ms is not None]
-            origin = min(starts) if starts else 0.0
-            for n in play.nodes:
-                row: dict[str, Any] = {
-                    "request_id": n.request_id,
-                    "play_id": play.play_id,
-                    "session_id": n.session_id or f"{play.play_id}:main",
-                    "model": n.model or model,
-                    "input_length": n.input_length,
-                    "output_length": n.output_length,
-                    "hash_ids": list(n.hash_ids),
-                    "not_before_ms": n.not_before_ms if n.not_before_ms is not None else origin,
-                }
-                if graph.ordered_by_source:  # keep the play order a replay takes
-                    row["source_play_ordinal"] = play.ordinal
-                if n.dependencies:
-                    row["dependencies"] = [
-                        {
-                            "request_id": d.request_id,
-                            "trigger": d.trigger,
-                            "delay_ms": d.delay_ms,
-                            "relation": d.relation,
-                        }
-                        for d in n.dependencies
-                    ]
-                fh.write(json.dumps(row) + "\n")
+    out = Path(path)
+    out.write_text(json.dumps(header) + "\n" + "".join(lines), encoding="utf-8")
     return out

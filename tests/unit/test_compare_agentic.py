@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 from conftest import compare_dynamo_module
 
+REPO = Path(__file__).resolve().parents[2]
 HEADER = {"schema": "dynamo.agentic_mooncake", "version": 2, "block_size": 64}
 ROW = {
     "request_id": "r0",
@@ -54,3 +57,42 @@ def test_what_the_mocker_cannot_replay_is_named(trace):
         cd.mocker_kwargs(cfg)
     assert "agentic_lane_assignment=stride" in str(e.value)
     assert "workload.agentic_snapshot" in str(e.value)
+
+
+def _compose(overrides):
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from model import validate_config
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=list(overrides))
+    return validate_config(OmegaConf.to_container(cfg, resolve=True))
+
+
+def test_agentic_trace_script_writes_the_graph_simulate_replays(tmp_path):
+    """experiments/agentic_trace.py: its v2 file replays exactly as the synthetic workload."""
+    from model import simulate
+
+    spec = importlib.util.spec_from_file_location(
+        "agentic_trace", REPO / "experiments" / "agentic_trace.py"
+    )
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = tmp_path / "plays.jsonl"
+    common = ["output.progress=off", "topology.num_workers=1"]
+    assert script.main(["--out", str(out), "workload.num_plays=3", *common]) == 0
+    synthetic = _compose(["workload=agentic_synthetic", "workload.num_plays=3", *common])
+    replayed = _compose(
+        [
+            "workload=agentic_mooncake",
+            f"workload.path={out}",
+            "workload.agentic_lanes=4",  # the synthetic default's lanes
+            *common,
+        ]
+    )
+    a, b = simulate(synthetic), simulate(replayed)
+    assert len(a.requests) == len(b.requests) > 3
+    assert list(a.requests.request_id) == list(b.requests.request_id)
+    assert list(a.requests.terminal_ms) == list(b.requests.terminal_ms)
