@@ -19,6 +19,16 @@ was.
 * `latency_comparison`: TTFT, TPOT and (with token times) inter-token gap distributions of
   several runs side by side.
 
+Of an agentic replay (docs/agentic.md), which adds `play_id`, `lane` and `phase` to the requests
+and a `plays` table (any other run raises ValueError):
+
+* `lane_timeline`: one row per agent lane: each play's span from start to settle, its LLM calls
+  (main agent and sub-agents apart), the tool waits between a session's calls, and a warm run's
+  preparation requests and barrier.
+* `context_growth`: each play's main-session input tokens by turn, and how many were reused.
+* `reuse_per_turn`: per turn index, the mean fraction of input tokens reused from G1 (device)
+  and from G2 (host), stacked.
+
 Every function takes a `Result` (or the one table it reads), draws on the given Axes or on a new
 figure, and returns the Axes (`latency_comparison`, which draws several, returns the Figure).
 Times on the x axis are seconds for whole-run plots and milliseconds for the pass window and the
@@ -782,23 +792,22 @@ def lane_timeline(result: Result, ax: Axes | None = None, *, label_plays: bool =
     sub = is_subagent(sent["session_id"])
     preparation = _preparation(sent)
     # sub-agent sessions get levels in their lane's sub band by their spans
-    sessions = sent[sub & ~preparation].groupby("session_id", sort=False)
-    span = sessions.agg(
-        play_id=("play_id", "first"), start=("arrival_ms", "min"), end=("terminal_ms", "max")
-    )
-    level_of: dict[str, int] = {}
-    for _, lane_sessions in span.groupby(span["play_id"].map(row_of_play), sort=False):
+    sessions = sent[sub & ~preparation].groupby(["play_id", "session_id"], sort=False)
+    span = sessions.agg(start=("arrival_ms", "min"), end=("terminal_ms", "max"))
+    span_rows = span.index.get_level_values("play_id").map(row_of_play)
+    level_of: dict[tuple[str, str], int] = {}
+    for _, lane_sessions in span.groupby(span_rows.to_numpy(), sort=False):
         ordered = lane_sessions.sort_values("start", kind="stable")
         spans = list(zip(ordered["start"], ordered["end"], strict=True))
         level_of.update(zip(ordered.index, _levels(spans), strict=True))
     n_levels = max(level_of.values(), default=0) + 1
     level_height = (SUB_BAND[1] - SUB_BAND[0]) / n_levels
 
-    def band(session: str, is_sub: bool) -> tuple[float, float]:
+    def band(play: str, session: str, is_sub: bool) -> tuple[float, float]:
         """Offset of a bar's centre from its row, and the bar's height."""
         if not is_sub:
             return (MAIN_BAND[0] + MAIN_BAND[1]) / 2, MAIN_BAND[1] - MAIN_BAND[0]
-        top = SUB_BAND[0] + level_of[session] * level_height
+        top = SUB_BAND[0] + level_of[play, session] * level_height
         return top + level_height / 2, 0.85 * level_height
 
     handles: list[Any] = []
@@ -821,7 +830,8 @@ def lane_timeline(result: Result, ax: Axes | None = None, *, label_plays: bool =
             handles.append(Patch(facecolor=colour, edgecolor="grey", label=f"play ({status})"))
 
     offsets = [
-        band(s, b) for s, b in zip(sent["session_id"].fillna(""), sub & ~preparation, strict=True)
+        band(p, s, b)
+        for p, s, b in zip(sent["play_id"], sent["session_id"], sub & ~preparation, strict=True)
     ]
     y = np.array([y_of_row[row_of_play[p]] for p in sent["play_id"]], dtype=float)
     centre = y + np.array([o[0] for o in offsets])

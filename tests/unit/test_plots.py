@@ -5,7 +5,9 @@ its tables imply (one bar per pass overlapping the Gantt window, coloured by pas
 role and labelled with its decoding sequences; one step line per pool and level; one CDF per
 latency series and run; one bar per phase of a request's life, as long as the phase). The P/D
 tests use a 1P1D run with fixed timing and a 1 GB/s link, so lifecycle phases have exact
-lengths.
+lengths. The agentic plots use four generated plays on two lanes with fixed timing: one play
+span per play on its lane's row, one bar per dispatched call and per gap between a session's
+calls, one pair of lines per play, one stacked G1/G2 bar per turn index.
 """
 
 from __future__ import annotations
@@ -451,3 +453,246 @@ def test_latency_comparison_without_token_times_has_two_panels(pd_result, result
     assert len(fig.axes) == 2
     with pytest.raises(ValueError, match="no runs"):
         plots.latency_comparison({})
+
+
+# ---------------------------------------------------------------- agentic replay
+
+AGENTIC_PLAYS = 4
+
+
+def uniform(mean: float, lo: float, hi: float) -> dict:
+    return {"dist": "uniform", "mean": mean, "min": lo, "max": hi}
+
+
+def agentic_config(workload: dict | None = None, **sections):
+    """Four generated plays on two lanes, with fixed timing: short calls, tool waits of
+    20-180 ms, a sub-agent off half the main turns (half of them blocking)."""
+    return make_config(
+        workload={
+            "kind": "agentic_synthetic",
+            "num_plays": AGENTIC_PLAYS,
+            "turns_per_play": uniform(4, 3, 5),
+            "system_prompt_tokens": 256,
+            "first_user_tokens": uniform(300, 100, 500),
+            "tool_output_tokens": uniform(200, 50, 350),
+            "output_tokens": uniform(20, 5, 40),
+            "tool_time_ms": uniform(100, 20, 180),
+            "subagent_probability": 0.5,
+            "subagent_blocking_probability": 0.5,
+            "play_interval_ms": 50.0,
+            "agentic_lanes": 2,
+            **(workload or {}),
+        },
+        timing=FIXED,
+        output={"progress": "off"},
+        **sections,
+    )
+
+
+@pytest.fixture(scope="module")
+def agentic_result() -> Result:
+    return simulate(agentic_config(topology={"num_workers": 2}))
+
+
+@pytest.fixture(scope="module")
+def warm_result() -> Result:
+    """The same plays cut by a snapshot, each lane primed and warmed before the barrier."""
+    return simulate(
+        agentic_config(
+            {"agentic_snapshot": {"seed": 1}, "agentic_warmup": True},
+            topology={"num_workers": 2},
+        )
+    )
+
+
+def labelled_bars(ax) -> dict[str, list[Rectangle]]:
+    return {c.get_label(): list(c.patches) for c in ax.containers}
+
+
+def bar_y(b: Rectangle) -> float:
+    return b.get_y() + b.get_height() / 2
+
+
+def test_agentic_fixture_has_sub_agents_and_tool_waits(agentic_result):
+    """The scenario the lane tests rely on: every play completes, some sessions are
+    sub-agents', and consecutive calls of a session are apart (the tool time)."""
+    r = agentic_result.requests
+    assert len(agentic_result.plays) == AGENTIC_PLAYS
+    assert set(agentic_result.plays["status"]) == {"completed"}
+    assert plots.is_subagent(r["session_id"]).any() and not plots.is_subagent(r["session_id"]).all()
+    assert (r["terminal_status"] == "completed").all()
+
+
+def tool_waits(requests: pd.DataFrame) -> list[tuple[float, float]]:
+    """(start, end) in seconds of every gap between a session's consecutive calls."""
+    out = []
+    for _, s in requests.groupby("session_id"):
+        s = s.sort_values("arrival_ms")
+        ends, starts = s["terminal_ms"].to_numpy()[:-1], s["arrival_ms"].to_numpy()[1:]
+        out += [(e / 1000, a / 1000) for e, a in zip(ends, starts, strict=True) if a > e]
+    return sorted(out)
+
+
+def test_lane_timeline_rows_plays_calls_and_tool_waits(agentic_result):
+    """One row per lane; per play a span from start to settle on its lane's row; per request
+    a bar from arrival to terminal (seconds), main-agent calls above sub-agent calls within the
+    row; per gap between a session's consecutive calls a tool-wait bar."""
+    res = agentic_result
+    p, r = res.plays, res.requests
+    fig, ax = plt.subplots()
+    assert plots.lane_timeline(res, ax=ax) is ax
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["lane 0", "lane 1"]
+    drawn = labelled_bars(ax)
+    assert list(drawn) == ["play (completed)", "tool wait", "main agent call", "sub-agent call"]
+
+    spans = sorted(
+        (round(bar_y(b)), b.get_x(), b.get_x() + b.get_width()) for b in drawn["play (completed)"]
+    )
+    want = sorted(zip(p["lane"], p["started_ms"] / 1000, p["settled_at_ms"] / 1000, strict=True))
+    np.testing.assert_allclose(spans, want)
+
+    sub = plots.is_subagent(r["session_id"])
+    for name, sel in (("main agent call", ~sub), ("sub-agent call", sub)):
+        got = sorted((b.get_x(), b.get_x() + b.get_width()) for b in drawn[name])
+        mine = r[sel]
+        np.testing.assert_allclose(
+            got, sorted(zip(mine["arrival_ms"] / 1000, mine["terminal_ms"] / 1000, strict=True))
+        )
+    assert len(drawn["main agent call"]) + len(drawn["sub-agent call"]) == len(r)
+    # within each lane's row, main calls sit above (smaller y) every sub-agent call
+    for lane in (0, 1):
+        main_y = [bar_y(b) - lane for b in drawn["main agent call"] if round(bar_y(b)) == lane]
+        sub_y = [bar_y(b) - lane for b in drawn["sub-agent call"] if round(bar_y(b)) == lane]
+        assert main_y and max(main_y) < min(sub_y, default=np.inf)
+
+    waits = sorted((b.get_x(), b.get_x() + b.get_width()) for b in drawn["tool wait"])
+    np.testing.assert_allclose(waits, tool_waits(r))
+    assert sorted(t.get_text().strip() for t in ax.texts) == sorted(p["play_id"])
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == ["play (completed)", "main agent call", "sub-agent call", "tool wait"]
+    assert ax.get_xlabel() == "time (s)"
+
+
+def test_lane_timeline_warm_run_draws_preparation_before_the_barrier(warm_result):
+    """A warm run: the primer and warmup requests are bars of their own kind, all before the
+    barrier (a vertical line at profile_start_ms); every measured call starts at or after it."""
+    res = warm_result
+    r = res.requests
+    barrier_ms = res.summary["metadata"]["agentic_phases"]["profile_start_ms"]
+    assert barrier_ms > 0
+    ax = plots.lane_timeline(res, label_plays=False)
+    drawn = labelled_bars(ax)
+    prep = drawn["preparation (primer / warmup)"]
+    assert len(prep) == r["phase"].isin(["primer", "warmup"]).sum() > 0
+    assert max(b.get_x() + b.get_width() for b in prep) <= barrier_ms / 1000 + 1e-12
+    calls = drawn["main agent call"] + drawn.get("sub-agent call", [])
+    assert len(calls) == (r["phase"] == "replay").sum()
+    assert min(b.get_x() for b in calls) >= barrier_ms / 1000
+    (barrier,) = ax.get_lines()
+    assert list(barrier.get_xdata()) == [barrier_ms / 1000] * 2
+    assert "barrier" in [t.get_text() for t in ax.get_legend().get_texts()]
+    assert not ax.texts
+
+
+def test_lane_timeline_without_lanes_has_a_row_per_play():
+    res = simulate(agentic_config({"agentic_lanes": None}, topology={"num_workers": 2}))
+    ax = plots.lane_timeline(res)
+    assert [t.get_text() for t in ax.get_yticklabels()] == list(res.plays["play_id"])
+
+
+def test_main_sessions_most_calls_first_arrival_on_ties():
+    requests = pd.DataFrame(
+        {
+            "play_id": ["a", "a", "a", "a", "b", "b"],
+            "session_id": ["a:x", "a:sub1", "a:sub1", "a:y", "b:y", "b:x"],
+        }
+    )
+    # a: the sub-agent has the most calls but is not a candidate; x and y tie, x came first
+    assert plots.main_sessions(requests).to_dict() == {"a": "a:x", "b": "b:y"}
+
+
+def test_context_growth_input_and_reused_tokens_per_main_turn(agentic_result):
+    """Two lines per play (input tokens, reused tokens) over its main session's turn indices;
+    the legend has the two styles, then the plays in order of first arrival."""
+    r = agentic_result.requests
+    ax = plots.context_growth(agentic_result)
+    lines = ax.get_lines()
+    assert len(lines) == 2 * AGENTIC_PLAYS
+    mains = r[~plots.is_subagent(r["session_id"])].sort_values(["arrival_ms", "request_id"])
+    order = list(mains["play_id"].unique())
+    for play, (inp, reused) in zip(order, zip(lines[::2], lines[1::2], strict=True), strict=True):
+        calls = mains[mains["play_id"] == play].sort_values("turn_index")
+        assert inp.get_label() == play
+        np.testing.assert_array_equal(inp.get_xdata(), calls["turn_index"])
+        np.testing.assert_array_equal(inp.get_ydata(), calls["input_length"])
+        np.testing.assert_array_equal(reused.get_ydata(), calls["reused_input_tokens"])
+        assert reused.get_linestyle() == "--" and reused.get_color() == inp.get_color()
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == ["input tokens", "reused tokens", *order]
+    ax = plots.context_growth(r, plays=order[:1])
+    assert len(ax.get_lines()) == 2
+    with pytest.raises(KeyError, match="nope"):
+        plots.context_growth(agentic_result, plays=["nope"])
+
+
+def reuse_means(requests: pd.DataFrame) -> pd.DataFrame:
+    done = requests[requests["phase"] == "replay"]
+    return (
+        pd.DataFrame(
+            {
+                "g1": done["g1_reused_input_tokens"] / done["input_length"],
+                "g2": done["host_reused_input_tokens"] / done["input_length"],
+                "turn": done["turn_index"],
+            }
+        )
+        .groupby("turn")[["g1", "g2"]]
+        .mean()
+    )
+
+
+def test_reuse_per_turn_stacks_g1_and_g2_fractions():
+    """On one worker with a 20-block G1 and a host pool, later turns find part of their
+    context in G2: per turn index the G2 bar sits on the G1 bar, each the mean fraction of
+    input tokens reused from that tier; the count over each bar is its number of calls."""
+    res = simulate(
+        agentic_config(
+            topology={"num_workers": 1},
+            engine={"num_gpu_blocks": 20},
+            kv_cache={"host_offload": {"num_host_blocks": 2000}},
+        )
+    )
+    r = res.requests
+    assert r["host_reused_input_tokens"].sum() > 0
+    ax = plots.reuse_per_turn(res)
+    drawn = labelled_bars(ax)
+    assert list(drawn) == ["G1 (device) hit", "G2 (host) hit"]
+    want = reuse_means(r)
+    g1, g2 = drawn.values()
+    np.testing.assert_allclose([b.get_x() + b.get_width() / 2 for b in g1], want.index)
+    np.testing.assert_allclose([b.get_height() for b in g1], want["g1"])
+    np.testing.assert_allclose([b.get_height() for b in g2], want["g2"])
+    np.testing.assert_allclose([b.get_y() for b in g2], want["g1"])
+    assert max(b.get_height() for b in g2) > 0
+    counts = r.groupby("turn_index").size()
+    assert [t.get_text() for t in ax.texts] == [str(n) for n in counts]
+
+
+def test_reuse_per_turn_leaves_out_preparation_requests(warm_result):
+    r = warm_result.requests
+    ax = plots.reuse_per_turn(warm_result.requests)
+    g1 = labelled_bars(ax)["G1 (device) hit"]
+    np.testing.assert_allclose([b.get_height() for b in g1], reuse_means(r)["g1"])
+    assert sum(int(t.get_text()) for t in ax.texts) == (r["phase"] == "replay").sum()
+
+
+def test_agentic_plots_reject_a_non_agentic_run(result):
+    for plot in (plots.lane_timeline, plots.context_growth, plots.reuse_per_turn):
+        with pytest.raises(ValueError, match="not an agentic run"):
+            plot(result)
+    for plot in (plots.context_growth, plots.reuse_per_turn):
+        with pytest.raises(ValueError, match="not an agentic run"):
+            plot(result.requests)
+    # an agentic requests table without its plays table
+    no_plays = Result(**{**vars(result), "requests": result.requests.assign(play_id="p")})
+    with pytest.raises(ValueError, match="no plays table"):
+        plots.lane_timeline(no_plays)
