@@ -86,6 +86,11 @@ def metadata(replay: AgenticReplay, target_model: str, requests: pd.DataFrame) -
             for run in replay.runs
         ],
         "agentic_qualification": QUALIFICATION,
+        **(
+            {"weka_nested_timestamp_basis": graph.source["nested_timestamp_basis"]}
+            if graph.source and "nested_timestamp_basis" in graph.source
+            else {}
+        ),
     }
 
 
