@@ -25,9 +25,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TextIO
 
 from model.workload.errors import TraceError, existing
 from model.workload.mooncake import _ms, parse_row
@@ -130,14 +131,22 @@ def _text(obj: dict[str, Any], key: str, where: str, required: bool = True) -> s
     return str(value)
 
 
+def _utf8(path: Path) -> TextIO:
+    return path.open(encoding="utf-8")
+
+
 def _optional_ms(obj: dict[str, Any], key: str, where: str) -> float | None:
     value = obj.get(key)
     return None if value is None else _ms(value, key, where)
 
 
-def _lines(path: Path) -> list[tuple[int, dict[str, Any]]]:
+def _lines(
+    path: Path, open_text: Callable[[Path], TextIO] | None = None
+) -> list[tuple[int, dict[str, Any]]]:
+    """The non-blank lines of a JSON Lines file as (line number, object); `open_text` opens
+    it as text (default: UTF-8)."""
     out = []
-    with path.open(encoding="utf-8") as fh:
+    with (open_text or _utf8)(path) as fh:
         for line_no, text in enumerate(fh, start=1):
             if not text.strip():
                 continue
@@ -369,8 +378,9 @@ def _index(path: Path, nodes: list[Node]) -> dict[str, Node]:
     for n in nodes:
         for d in n.dependencies:
             if d.request_id not in by_id:
+                play = f" in play {n.play_id}" if n.play_id else ""
                 raise TraceError(
-                    f"{path}:{n.line}: request {n.request_id} in play {n.play_id} depends on "
+                    f"{path}:{n.line}: request {n.request_id}{play} depends on "
                     f"unknown request_id {d.request_id}"
                 )
     return by_id
@@ -471,21 +481,10 @@ def _read_legacy(
             i = parent[i]
         return i
 
-    index: dict[str, int] = {}
-    for i, n in enumerate(nodes):
-        if n.request_id in index:
-            first = nodes[index[n.request_id]].line
-            raise TraceError(
-                f"{path}:{n.line}: duplicate request_id {n.request_id} (first at line {first})"
-            )
-        index[n.request_id] = i
+    _index(path, nodes)  # duplicate ids and unknown predecessors (plays are not known yet)
+    index = {n.request_id: i for i, n in enumerate(nodes)}
     for n in nodes:
         for d in n.dependencies:
-            if d.request_id not in index:
-                raise TraceError(
-                    f"{path}:{n.line}: request {n.request_id} waits for unknown request_id "
-                    f"{d.request_id}"
-                )
             a, b = find(index[n.request_id]), find(index[d.request_id])
             if a != b:
                 parent[max(a, b)] = min(a, b)

@@ -59,7 +59,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from model.workload.agentic import AgenticGraph, Dependency, Node, Play, _check_acyclic, _index
+from model.workload.agentic import (
+    AgenticGraph,
+    Dependency,
+    Node,
+    Play,
+    _check_acyclic,
+    _index,
+    _lines,
+)
 from model.workload.errors import TraceError, TraceRow, existing
 from model.workload.mooncake import _int, _ms, parse_row
 
@@ -211,24 +219,10 @@ def _open(file: Path) -> TextIO:
 
 
 def _records(file: Path) -> list[tuple[int, dict[str, Any]]]:
-    out = []
     try:
-        with _open(file) as fh:
-            for line, text in enumerate(fh, start=1):
-                if not text.strip():
-                    continue
-                try:
-                    obj = json.loads(text)
-                except json.JSONDecodeError as e:
-                    raise TraceError(f"{file}:{line}: not valid JSON ({e.msg})") from None
-                if not isinstance(obj, dict):
-                    raise TraceError(
-                        f"{file}:{line}: expected a JSON object, got {type(obj).__name__}"
-                    )
-                out.append((line, obj))
+        return _lines(file, _open)
     except (OSError, EOFError, zlib.error) as e:  # a truncated or non-gzip .gz shard
         raise TraceError(f"{file}: cannot read the gzip stream ({e})") from None
-    return out
 
 
 # --------------------------------------------------------------------------- parsing
