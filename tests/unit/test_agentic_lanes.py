@@ -414,3 +414,51 @@ def test_pd_completion_means_the_decode_terminal(config, tmp_path):
     assert req.loc["r1", "arrival_ms"] == pytest.approx(req.loc["r0", "terminal_ms"] + 5)
     assert req.loc["q0", "arrival_ms"] >= req.loc["r1", "terminal_ms"]
     assert set(res.plays.status) == {"completed"}
+
+
+def test_profile_tree_idle_cap_while_another_play_keeps_the_cluster_busy(config, tmp_path):
+    """Play a idles on a 5 s tool wait while play b's 3,000-token answer keeps the cluster
+    busy: the global cap does not apply, a's own 1 s tree cap pulls its timer in."""
+    rows = [
+        node("x0", "a", 0),
+        node("x1", "a", 0, [seq("x0", 5000)]),
+        node("b0", "b", 0, n_out=3000),
+    ]
+    res = run(
+        config,
+        write(tmp_path, rows),
+        workers=2,
+        agentic_lanes=2,
+        agentic_snapshot={"seed": 0},
+        agentic_profile={"duration_seconds": 100.0, "tree_idle_cap_seconds": 1.0},
+    )
+    t, end = times(res), times(res, "terminal_ms")
+    assert t["a@lane0.0/x1"] - end["a@lane0.0/x0"] == pytest.approx(1000.0)
+    shift = res.summary["metadata"]["agentic_profile"]["idle_shifts"][0]
+    assert shift["play_id"] == "a@lane0.0"
+    assert shift["shifted_by_ms"] == pytest.approx(4000.0)
+    assert shift["timer_count"] == 1
+
+
+def test_profile_cancels_what_is_left_at_the_grace_deadline(config, tmp_path):
+    """A 3,000-token answer (about 3 s) outlives a 1 s window plus 0.5 s grace: it is canceled
+    (incomplete) at 1,500 ms, its play is incomplete, and the run ends there."""
+    rows = [node("long", "a", 0, n_out=3000), node("after", "a", 0, [seq("long")])]
+    res = run(
+        config,
+        write(tmp_path, rows),
+        agentic_lanes=1,
+        agentic_snapshot={"seed": 0},
+        agentic_profile={"duration_seconds": 1.0, "response_grace_seconds": 0.5},
+    )
+    req = res.requests.set_index("source_request_id")
+    assert req.loc["long", "terminal_status"] == "incomplete"
+    assert req.loc["long", "reason"] == "canceled at the agentic_profile response grace deadline"
+    assert req.loc["long", "terminal_ms"] == pytest.approx(1500.0)
+    assert req.loc["after", "terminal_status"] == "incomplete"
+    assert req.loc["after", "reason"].startswith("never issued")
+    assert list(res.plays.status) == ["incomplete"]
+    prof = res.summary["metadata"]["agentic_profile"]
+    assert prof["finished_at_ms"] == pytest.approx(1500.0)
+    assert (prof["canceled_requests"], prof["never_issued_requests"]) == (1, 1)
+    assert prof["admission_closed"] and not prof["cancel_drain_timed_out"]
