@@ -7,11 +7,23 @@ import math
 from model.config.errors import ConfigError
 from model.config.schema import LlmConfig, RunConfig, VllmEngineConfig
 
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8": 1, "int8": 1}
+# NVFP4: 4-bit values plus one FP8 scale per 16 (4.5 bits)
+DTYPE_BYTES: dict[str, float] = {
+    "bfloat16": 2,
+    "float16": 2,
+    "float32": 4,
+    "fp8": 1,
+    "int8": 1,
+    "fp4": 0.5625,
+}
 
 
 def kv_dtype_bytes(llm: LlmConfig) -> int:
-    return DTYPE_BYTES[llm.dtype if llm.kv_dtype == "auto" else llm.kv_dtype]
+    """Bytes per KV element: `kv_dtype`, or with `auto` the weights' dtype (bfloat16 for fp4
+    weights: no engine keeps KV in FP4)."""
+    if llm.kv_dtype != "auto":
+        return int(DTYPE_BYTES[llm.kv_dtype])
+    return 2 if llm.dtype == "fp4" else int(DTYPE_BYTES[llm.dtype])
 
 
 def kv_bytes_per_token(llm: LlmConfig) -> int:

@@ -35,8 +35,12 @@ class LlmConfig(Schema):
     head_dim: int = Field(gt=0)
     vocab_size: int = Field(gt=0)
     num_params_b: PositiveFloat = Field(description="parameter count in billions")
-    dtype: Literal["bfloat16", "float16", "float32", "fp8", "int8"] = "bfloat16"
-    kv_dtype: Literal["auto", "bfloat16", "float16", "float32", "fp8", "int8"] = "auto"
+    dtype: Literal["bfloat16", "float16", "float32", "fp8", "int8", "fp4"] = Field(
+        "bfloat16", description="weights (fp4: NVFP4, 4.5 bits with its block scales)"
+    )
+    kv_dtype: Literal["auto", "bfloat16", "float16", "float32", "fp8", "int8"] = Field(
+        "auto", description="auto: the weights' dtype (bfloat16 for fp4 weights)"
+    )
 
     @model_validator(mode="after")
     def _heads_divide(self) -> LlmConfig:
@@ -56,6 +60,9 @@ class HardwareConfig(Schema):
     hbm_bandwidth_tbps: PositiveFloat
     bf16_tflops: PositiveFloat = Field(description="dense (no sparsity) BF16 tensor TFLOP/s")
     fp8_tflops: PositiveFloat = Field(description="dense (no sparsity) FP8 tensor TFLOP/s")
+    fp4_tflops: PositiveFloat | None = Field(
+        None, description="dense FP4 tensor TFLOP/s (null: no FP4 tensor cores)"
+    )
     nvlink_gbps: PositiveFloat = Field(description="per-GPU NVLink bandwidth, GB/s")
     host_link_gbps: PositiveFloat = Field(description="GPU <-> host (PCIe) bandwidth, GB/s")
 
