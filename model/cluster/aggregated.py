@@ -58,7 +58,7 @@ class AggregatedCluster(ClusterBase):
         """A request arrives now: stamp it and hand it to the router (which sends it to a
         worker now, or later if it keeps it waiting)."""
         self.arrive(req)
-        self.router.submit(req)
+        self.after_frontend(req, self.router.submit)
 
     def _send(self, req: Request, worker: int, rank: int) -> None:
         self.workers[worker].submit(req, rank)

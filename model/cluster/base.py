@@ -18,6 +18,7 @@ from model.kv.block_pool import BlockPool
 from model.kv.tiers import TierBuilder
 from model.metrics.recorder import COMPLETED, REJECTED, Recorder
 from model.router import KvRouter, Router
+from model.timing import frontend_latency_ms
 from model.timing.base import StepTime
 from model.workload.hashing import BlockHasher
 from model.workload.request import Request, Status
@@ -46,6 +47,11 @@ class ClusterBase:
         self.workers: list[Worker] = []
         self.tiers = TierBuilder(env, cfg, recorder)
         self.routers: list[Router] = []
+        # the timing model's per-request frontend latency (tokenization, API, scheduling)
+        # between a request's arrival and its reaching the router; counts in TTFT
+        self.frontend_ms = frontend_latency_ms(cfg)
+        if self.frontend_ms > 0:
+            self.completion_dispatches = True  # a delayed hand-over is an event like any other
 
     def build_pool(
         self,
@@ -136,6 +142,13 @@ class ClusterBase:
     def dispatch(self, req: Request) -> None:
         """A request arrives now (each cluster shape routes it its own way)."""
         raise NotImplementedError
+
+    def after_frontend(self, req: Request, submit: Callable[[Request], None]) -> None:
+        """Hand `req` to `submit` now, or once the frontend latency has passed."""
+        if self.frontend_ms <= 0:
+            submit(req)
+            return
+        self.env.timeout(self.frontend_ms).callbacks.append(lambda _ev: submit(req))
 
     def arrive(self, req: Request) -> None:
         """Stamp an arrival now."""

@@ -132,7 +132,7 @@ class DisaggCluster(ClusterBase):
     def dispatch(self, req: Request) -> None:
         """A request arrives now: its prefill copy goes to the prefill worker the router picks."""
         self.arrive(req)
-        self.prefill_router.submit(req)
+        self.after_frontend(req, self.prefill_router.submit)
 
     def _to_prefill(self, req: Request, worker: int, rank: int) -> None:
         req.prefill_worker_idx = worker

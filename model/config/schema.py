@@ -65,6 +65,9 @@ class HardwareConfig(Schema):
     )
     nvlink_gbps: PositiveFloat = Field(description="per-GPU NVLink bandwidth, GB/s")
     host_link_gbps: PositiveFloat = Field(description="GPU <-> host (PCIe) bandwidth, GB/s")
+    family: str | None = Field(
+        None, description="GPU generation (hopper, blackwell) for fitted factors; null: by name"
+    )
 
 
 # --------------------------------------------------------------------------- engine
@@ -177,8 +180,18 @@ class RooflineTiming(Schema):
     decode_overhead_ms: NonNegFloat = 2.0
 
 
+class CalibratedRooflineTiming(Schema):
+    """Roofline per op class with efficiency factors fitted on measured benchmarks, per GPU
+    family and weight dtype (docs/timing.md#calibrated_roofline)."""
+
+    kind: Literal["calibrated_roofline"] = "calibrated_roofline"
+    factors_path: str | None = Field(
+        None, description="a factors JSON (null: the one fitted on silicon_dev.csv)"
+    )
+
+
 TimingConfig = Annotated[
-    PolynomialTiming | FixedTiming | InterpolatedTiming | RooflineTiming,
+    PolynomialTiming | FixedTiming | InterpolatedTiming | RooflineTiming | CalibratedRooflineTiming,
     Field(discriminator="kind"),
 ]
 

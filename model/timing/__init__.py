@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from model.config.schema import (
+    CalibratedRooflineTiming,
     FixedTiming,
     InterpolatedTiming,
     PolynomialTiming,
@@ -11,6 +12,7 @@ from model.config.schema import (
     VllmEngineConfig,
 )
 from model.timing.base import Scaled, StepTime
+from model.timing.calibrated import CalibratedRoofline, calibrated_factors
 from model.timing.fixed import Fixed
 from model.timing.interpolated import Interpolated
 from model.timing.polynomial import Polynomial
@@ -31,9 +33,20 @@ def build_step_time(cfg: RunConfig, engine: VllmEngineConfig | None = None) -> S
         inner = Interpolated(t)
     elif isinstance(t, RooflineTiming):
         inner = Roofline(t, cfg.llm, cfg.hardware, engine.tp_size)
+    elif isinstance(t, CalibratedRooflineTiming):
+        inner = CalibratedRoofline(cfg.llm, cfg.hardware, engine.tp_size, path=t.factors_path)
     else:  # pragma: no cover - the schema admits no other kind
         raise TypeError(f"unknown timing kind {t!r}")
     return Scaled(inner, engine.speedup_ratio, engine.decode_speedup_ratio)
 
 
-__all__ = ["StepTime", "build_step_time"]
+def frontend_latency_ms(cfg: RunConfig) -> float:
+    """A request's latency before the scheduler sees it (tokenization, API, scheduling), in ms:
+    the calibrated roofline's fitted `o_req`; 0 for every other timing model."""
+    t = cfg.timing
+    if not isinstance(t, CalibratedRooflineTiming):
+        return 0.0
+    return calibrated_factors(cfg.llm, cfg.hardware, t.factors_path)[0].get("o_req", 0.0)
+
+
+__all__ = ["StepTime", "build_step_time", "frontend_latency_ms"]

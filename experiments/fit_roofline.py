@@ -1,0 +1,215 @@
+"""Fit the calibrated roofline's efficiency factors on measured serving benchmarks.
+
+    python experiments/fit_roofline.py --silicon ../shared/data/silicon_dev.csv \\
+        [--backend vllm] [--mode agg] [--out model/timing/roofline_factors.json]
+
+For every (GPU family, weight dtype) group of the rows servesim can describe (the same model,
+system and precision maps as experiments/accuracy.py), it chooses the eight factors of
+`model.timing.calibrated` (e_c, e_m, e_a, o_p, o_d, o_seq, a_ar, o_req) that minimise the mean
+absolute log error of TTFT plus that of TPOT, by coordinate descent over bounded log grids. Running the full
+simulator inside the search would take hours, so the search scores each row with a closed-loop
+steady-state estimate built from the same step-time model (below); `experiments/accuracy.py`
+then measures the fitted factors with the simulator itself. For a row of concurrency B, mean
+lengths i = 0.9 isl and o = 0.9 osl (uniform 80-100 %), context c = i + o / 2:
+
+    decode pass      t_d = decode(B, c)
+    mean pass        t = t_d + min(1, B / o) o_p + (B / o) (prefill(1, i) - o_p)
+    TPOT             t                      (one new request every o / B passes)
+    TTFT, steady     t / 2 + t_d + prefill(1, i)
+    TTFT, first wave (N + 1) / 2 x prefill(k, i)   for N = ceil(B i / 8192) chunks of k requests
+    TTFT             0.9 steady + 0.1 first wave + o_req  (B of the 10 B requests start
+                     together; o_req the frontend latency)
+
+Rows whose requests cannot all hold their KV at once (`kv_bound`) are left out of the search:
+they queue for KV, which the estimate does not model (the simulator does). The output is the
+factors table with, per group, its rows and the estimate's own MAPE on the fitted rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from model.config.derived import kv_bytes_per_token, weight_bytes
+from model.config.schema import HardwareConfig, LlmConfig
+from model.timing.calibrated import FACTOR_KEYS, FACTORS_PATH, CalibratedRoofline, family_of
+
+REPO = Path(__file__).resolve().parents[1]
+MODELS = {
+    "meta-llama/Llama-3.1-70B": "llama3_70b",
+    "meta-llama/Llama-3.1-8B": "llama3_8b",
+    "Qwen/Qwen3-32B": "qwen3_32b",
+}
+SYSTEMS = {"h100_sxm": "h100_sxm", "h200_sxm": "h200_sxm", "b200_sxm": "b200"}
+PRECISIONS = {"fp8": "fp8", "fp4": "fp4", "bf16": "bfloat16", "": "bfloat16"}
+BUDGET = 8192  # max_num_batched_tokens of the measured runs
+# bounds of each factor (log-uniform grids between them)
+BOUNDS = {
+    "e_c": (0.05, 1.0),
+    "e_m": (0.2, 1.0),
+    "e_a": (0.02, 1.0),
+    "o_p": (0.05, 60.0),
+    "o_d": (0.05, 30.0),
+    "o_seq": (1e-4, 0.5),
+    "a_ar": (1e-4, 0.2),
+    "o_req": (0.1, 200.0),
+}
+START = {
+    "e_c": 0.5,
+    "e_m": 0.7,
+    "e_a": 0.3,
+    "o_p": 5.0,
+    "o_d": 2.0,
+    "o_seq": 0.01,
+    "a_ar": 0.01,
+    "o_req": 10.0,
+}
+
+
+def _conf(group: str, name: str) -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load((REPO / "conf" / group / f"{name}.yaml").read_text())
+    return data
+
+
+def rows(csv: Path, backend: str, mode: str) -> pd.DataFrame:
+    df = pd.read_csv(csv)
+    df = df[(df["backend"] == backend) & (df["mode"] == mode)]
+    df = df[df["model_path"].isin(MODELS) & df["system"].isin(SYSTEMS)]
+    df = df[df["precision"].fillna("").isin(PRECISIONS)]
+    df = df[(df["pp_size"].fillna(1) == 1) & (df["attention_dp_size"].fillna(1) == 1)]
+    return df.reset_index(drop=True)
+
+
+def model_for(row: Any) -> tuple[LlmConfig, HardwareConfig]:
+    llm = _conf("llm", MODELS[row.model_path])
+    llm["dtype"] = PRECISIONS[row.precision if isinstance(row.precision, str) else ""]
+    llm["kv_dtype"] = "bfloat16"
+    return LlmConfig(**llm), HardwareConfig(**_conf("hardware", SYSTEMS[row.system]))
+
+
+def estimate(m: CalibratedRoofline, b: int, isl: int, osl: int) -> tuple[float, float]:
+    """Closed-loop steady-state TTFT and TPOT (ms) of the module docstring."""
+    i, o = max(1, round(0.9 * isl)), max(1.0, 0.9 * osl)
+    t_d = m.decode_ms(b, 0, 0, round(i + o / 2))
+    one = m.prefill_ms(1, i, 0)
+    rate = b / o
+    mean_pass = t_d + min(1.0, rate) * m.f["o_p"] + rate * (one - m.f["o_p"])
+    steady = mean_pass / 2 + t_d + one
+    k = max(1, min(b, BUDGET // i))
+    chunks = math.ceil(b * i / BUDGET)
+    first = (chunks + 1) / 2 * m.prefill_ms(k, min(i, BUDGET), 0)
+    return 0.9 * steady + 0.1 * first + m.f.get("o_req", 0.0), mean_pass
+
+
+def score(models: list[tuple[CalibratedRoofline, Any]], f: dict[str, float]) -> float:
+    err = 0.0
+    for m, row in models:
+        m.set_factors(f)
+        ttft, tpot = estimate(m, int(row.batch_size), int(row.isl), int(row.osl))
+        err += abs(math.log(ttft / row.silicon_ttft_ms)) + abs(math.log(tpot / row.silicon_tpot_ms))
+    return err / len(models)
+
+
+def kv_bound(row: Any) -> bool:
+    """Whether the row's B requests cannot all hold their KV at once (HBM x 0.9 - weights - 2 GB
+    per GPU, as servesim derives the pool): such points queue for KV, which only the simulator
+    models, so the fit leaves them out (accuracy.py still scores them)."""
+    llm, hw = model_for(row)
+    tp = int(row.tp_size)
+    room = hw.hbm_gb * 1e9 * 0.9 * tp - weight_bytes(llm) - 2e9 * tp
+    return row.batch_size * (row.isl + row.osl) * kv_bytes_per_token(llm) > room
+
+
+def fit_group(group: pd.DataFrame, sweeps: int = 8, points: int = 41) -> dict[str, float]:
+    models = []
+    for row in group.itertuples():
+        if kv_bound(row):
+            continue
+        llm, hw = model_for(row)
+        models.append((CalibratedRoofline(llm, hw, int(row.tp_size), factors=START), row))
+    f = dict(START)
+    best = score(models, f)
+    for _ in range(sweeps):
+        for key in FACTOR_KEYS:
+            lo, hi = BOUNDS[key]
+            for v in np.geomspace(lo, hi, points):
+                trial = {**f, key: float(v)}
+                s = score(models, trial)
+                if s < best:
+                    best, f = s, trial
+    return f
+
+
+def mape(models: list[tuple[CalibratedRoofline, Any]]) -> tuple[float, float]:
+    ttft, tpot = [], []
+    for m, row in models:
+        a, b = estimate(m, int(row.batch_size), int(row.isl), int(row.osl))
+        ttft.append(abs(a / row.silicon_ttft_ms - 1))
+        tpot.append(abs(b / row.silicon_tpot_ms - 1))
+    return 100 * float(np.mean(ttft)), 100 * float(np.mean(tpot))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--silicon", type=Path, required=True)
+    ap.add_argument("--backend", default="vllm")
+    ap.add_argument("--mode", default="agg")
+    ap.add_argument("--out", type=Path, default=FACTORS_PATH)
+    args = ap.parse_args(argv)
+    if not args.silicon.is_file():
+        print(f"fit_roofline: {args.silicon} does not exist", file=sys.stderr)
+        return 2
+    df = rows(args.silicon, args.backend, args.mode)
+    df["group"] = [f"{family_of(model_for(r)[1])}/{_dtype_class(r)}" for r in df.itertuples()]
+    groups: dict[str, Any] = {}
+    for key, group in sorted(df.groupby("group")):
+        f = fit_group(group)
+        models = []
+        for row in group.itertuples():
+            if kv_bound(row):
+                continue
+            llm, hw = model_for(row)
+            models.append((CalibratedRoofline(llm, hw, int(row.tp_size), factors=f), row))
+        e_ttft, e_tpot = mape(models)
+        groups[str(key)] = {
+            "factors": {k: round(v, 6) for k, v in f.items()},
+            "rows": int(len(group)),
+            "rows_fitted": len(models),  # the others queue for KV (see kv_bound)
+            "models": sorted(group["model_path"].unique().tolist()),
+            "systems": sorted(group["system"].unique().tolist()),
+            "estimate_mape_ttft_pct": round(e_ttft, 2),
+            "estimate_mape_tpot_pct": round(e_tpot, 2),
+        }
+        print(f"{key}: {len(group)} rows, estimate MAPE TTFT {e_ttft:.1f}% TPOT {e_tpot:.1f}%, {f}")
+    table = {
+        "fitted_on": {
+            "file": args.silicon.name,
+            "sha256": hashlib.sha256(args.silicon.read_bytes()).hexdigest(),
+            "backend": args.backend,
+            "mode": args.mode,
+            "command": "python experiments/fit_roofline.py " + " ".join(argv or sys.argv[1:]),
+        },
+        "groups": groups,
+    }
+    args.out.write_text(json.dumps(table, indent=1) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _dtype_class(row: Any) -> str:
+    p = row.precision if isinstance(row.precision, str) else ""
+    return {"fp8": "fp8", "fp4": "fp4"}.get(p, "bf16")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""Calibrated roofline step time: one term per op class (GEMMs, attention, TP all-reduce) with
+efficiency factors per GPU family and weight dtype, fitted on measured serving benchmarks.
+
+Per GPU of a `tp`-way tensor-parallel worker (P_gemm: parameters outside the embedding table,
+W: weight bytes, L layers, H query heads, d head dim, h hidden size, kv: KV bytes per token):
+
+    GEMM       t_gemm = max(2 P_gemm T / (tp peak_w e_c),  W / (tp BW e_m))
+    attention  prefill: 4 L H d T (prefix + chunk / 2) / (tp peak_bf16 e_a)
+                        + kv n isl / (tp BW e_m)
+               decode:  kv B ctx / (tp BW e_m)
+    all-reduce 2 L (a_ar + 2 (tp - 1) / tp x tokens h 2 B / NVLink B/s)     (tp > 1 only)
+    part       t = t_gemm + t_attn + t_comm + o_p             (prefill)
+                 t = t_gemm + t_attn + t_comm + o_d + o_seq B     (decode)
+
+T is the part's new tokens (prefill) or its batch B (decode); peak_w the dense tensor rate of the
+weights' dtype (fp4, fp8, else bf16). The fitted factors, per (GPU family, weight dtype), are
+`e_c` (GEMM compute efficiency), `e_m` (HBM efficiency), `e_a` (attention efficiency), `o_p`,
+`o_d` (fixed ms per prefill / decode part), `o_seq` (ms per decoding sequence: sampling,
+detokenization, scheduling), `a_ar` (ms per all-reduce) and `o_req` (a request's
+frontend latency before the scheduler sees it: tokenization, API; the cluster applies it, and it
+counts in TTFT only); they live in
+`model/timing/roofline_factors.json`, written by `experiments/fit_roofline.py` from
+`silicon_dev.csv`. A combination the table lacks falls back to the family's other dtype, then
+to the mean over the table, and says so in `source` (never silently: it is in the summary
+metadata).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from model.config.derived import DTYPE_BYTES, kv_bytes_per_token, weight_bytes
+from model.config.schema import HardwareConfig, LlmConfig
+from model.timing.base import new_tokens
+
+FACTORS_PATH = Path(__file__).resolve().with_name("roofline_factors.json")
+FACTOR_KEYS = ("e_c", "e_m", "e_a", "o_p", "o_d", "o_seq", "a_ar", "o_req")
+# GPU families by hardware name prefix (a hardware config may set `family` itself)
+FAMILIES = {
+    "h100": "hopper",
+    "h200": "hopper",
+    "h20": "hopper",
+    "b200": "blackwell",
+    "gb200": "blackwell",
+}
+
+
+def family_of(hw: HardwareConfig) -> str:
+    if hw.family is not None:
+        return hw.family
+    name = hw.name.lower()
+    for prefix, family in sorted(FAMILIES.items(), key=lambda kv: -len(kv[0])):
+        if name.startswith(prefix):
+            return family
+    return "unknown"
+
+
+def weight_class(llm: LlmConfig) -> str:
+    return {"fp8": "fp8", "int8": "fp8", "fp4": "fp4"}.get(llm.dtype, "bf16")
+
+
+@cache
+def load_factors(path: str = str(FACTORS_PATH)) -> dict[str, Any]:
+    return json.loads(Path(path).read_text())
+
+
+def lookup(table: dict[str, Any], family: str, dtype: str) -> tuple[dict[str, float], str]:
+    """The factors for (family, dtype) and where they came from."""
+    groups = table["groups"]
+    key = f"{family}/{dtype}"
+    if key in groups:
+        return groups[key]["factors"], key
+    same_family = [k for k in groups if k.startswith(f"{family}/")]
+    if same_family:
+        k = sorted(same_family)[0]
+        return groups[k]["factors"], f"{k} (no {key} in the table)"
+    mean = {f: sum(g["factors"][f] for g in groups.values()) / len(groups) for f in FACTOR_KEYS}
+    return mean, f"mean of {sorted(groups)} (no {family} entries in the table)"
+
+
+def calibrated_factors(
+    llm: LlmConfig, hw: HardwareConfig, path: str | None = None
+) -> tuple[dict[str, float], str]:
+    """The fitted factors for this model's weight dtype on this GPU family, and their source."""
+    return lookup(load_factors(path or str(FACTORS_PATH)), family_of(hw), weight_class(llm))
+
+
+class CalibratedRoofline:
+    def __init__(
+        self,
+        llm: LlmConfig,
+        hw: HardwareConfig,
+        tp_size: int,
+        factors: dict[str, float] | None = None,
+        path: str | None = None,
+    ) -> None:
+        self.tp = tp_size
+        self.family = family_of(hw)
+        self.dtype = weight_class(llm)
+        if factors is None:
+            factors, self.source = lookup(
+                load_factors(path or str(FACTORS_PATH)), self.family, self.dtype
+            )
+        else:
+            self.source = "given"
+        self.peak_tflops = {"fp4": hw.fp4_tflops, "fp8": hw.fp8_tflops, "bf16": hw.bf16_tflops}[
+            self.dtype
+        ]
+        if self.peak_tflops is None:
+            raise ValueError(
+                f"timing=calibrated_roofline: {hw.name} has no fp4 tensor rate "
+                f"(hardware.fp4_tflops) for llm.dtype=fp4"
+            )
+        self.llm, self.hw = llm, hw
+        self.weight_bytes = weight_bytes(llm)
+        self.gemm_flops_per_token = 2.0 * (
+            llm.num_params_b * 1e9 - llm.vocab_size * llm.hidden_size
+        )
+        self.attn_flops_per_pair = 4.0 * llm.num_layers * llm.num_attention_heads * llm.head_dim
+        self.kv_bytes_per_token = kv_bytes_per_token(llm)
+        self.set_factors(factors)
+
+    def set_factors(self, factors: dict[str, float]) -> None:
+        """Use these factors from now on (the fit calls this for every trial)."""
+        f = self.f = dict(factors)
+        llm, hw, tp = self.llm, self.hw, self.tp
+        assert self.peak_tflops is not None
+        self.gemm_flops_per_ms = tp * self.peak_tflops * 1e12 * f["e_c"] / 1e3
+        self.attn_flops_per_ms = tp * hw.bf16_tflops * 1e12 * f["e_a"] / 1e3
+        self.bytes_per_ms = tp * hw.hbm_bandwidth_tbps * 1e12 * f["e_m"] / 1e3
+        if tp > 1:
+            ring = 2 * (tp - 1) / tp * llm.hidden_size * DTYPE_BYTES["bfloat16"]
+            self.comm_fixed_ms = 2 * llm.num_layers * f["a_ar"]
+            self.comm_ms_per_token = 2 * llm.num_layers * ring / (hw.nvlink_gbps * 1e9 / 1e3)
+        else:
+            self.comm_fixed_ms = self.comm_ms_per_token = 0.0
+
+    def _gemm_ms(self, tokens: float) -> float:
+        return max(
+            self.gemm_flops_per_token * tokens / self.gemm_flops_per_ms,
+            self.weight_bytes / self.bytes_per_ms,
+        )
+
+    def _comm_ms(self, tokens: float) -> float:
+        return self.comm_fixed_ms + self.comm_ms_per_token * tokens if self.tp > 1 else 0.0
+
+    def prefill_ms(self, n: int, mean_isl: int, mean_prefix: int) -> float:
+        t = new_tokens(n, mean_isl, mean_prefix)
+        if t <= 0:
+            return 0.0
+        chunk = t / n
+        attn = self.attn_flops_per_pair * t * (mean_prefix + chunk / 2) / self.attn_flops_per_ms
+        attn += self.kv_bytes_per_token * n * mean_isl / self.bytes_per_ms
+        return _finite(self._gemm_ms(t) + attn + self._comm_ms(t) + self.f["o_p"], "prefill")
+
+    def decode_ms(
+        self, batch: int, active_kv_tokens: int, total_kv_tokens: int, mean_context: int
+    ) -> float:
+        if batch <= 0:
+            return 0.0
+        attn = self.kv_bytes_per_token * batch * mean_context / self.bytes_per_ms
+        fixed = self.f["o_d"] + self.f.get("o_seq", 0.0) * batch
+        return _finite(self._gemm_ms(batch) + attn + self._comm_ms(batch) + fixed, "decode")
+
+
+def _finite(ms: float, part: str) -> float:
+    if not math.isfinite(ms) or ms < 0:
+        raise ValueError(f"calibrated roofline priced a {part} part at {ms} ms")
+    return ms

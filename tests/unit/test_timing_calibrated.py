@@ -1,0 +1,97 @@
+"""The calibrated roofline: its op-class terms in closed form, the factor table lookup and its
+fallbacks, the frontend latency, and its errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tests_support import H100_CFG, LLAMA8B_CFG
+
+from model import simulate
+from model.config.schema import HardwareConfig
+from model.timing.calibrated import CalibratedRoofline, calibrated_factors, family_of, lookup
+
+F = {
+    "e_c": 0.5,
+    "e_m": 0.8,
+    "e_a": 0.25,
+    "o_p": 4.0,
+    "o_d": 2.0,
+    "o_seq": 0.01,
+    "a_ar": 0.02,
+    "o_req": 30.0,
+}
+
+
+def test_decode_is_weights_plus_kv_plus_overheads_on_one_gpu():
+    """Llama-3.1-8B bf16 on one H100, batch 4 at context 1000: memory-bound GEMMs (16.06 GB at
+    0.8 x 3.35 TB/s), the KV read (131,072 B x 4,000 tokens), o_d + 4 o_seq, no all-reduce."""
+    m = CalibratedRoofline(LLAMA8B_CFG, H100_CFG, 1, factors=F)
+    bw_per_ms = 3.35e12 * 0.8 / 1e3
+    weights = 8.03e9 * 2 / bw_per_ms
+    kv = 131_072 * 4 * 1000 / bw_per_ms
+    assert m.decode_ms(4, 0, 0, 1000) == pytest.approx(weights + kv + 2.0 + 0.04)
+
+
+def test_prefill_is_compute_bound_gemm_plus_attention_and_tp_all_reduce():
+    """8,192 new tokens at TP 2: GEMM flops at 0.5 x 2 x 989 TFLOP/s, causal attention at
+    0.25 x, 2 L all-reduces of a_ar plus their ring bytes over NVLink, and o_p."""
+    m = CalibratedRoofline(LLAMA8B_CFG, H100_CFG, 2, factors=F)
+    gemm_params = 8.03e9 - 128256 * 4096
+    gemm = 2 * gemm_params * 8192 / (2 * 989e12 * 0.5 / 1e3)
+    attn = 4 * 32 * 32 * 128 * 8192 * 4096 / (2 * 989e12 * 0.25 / 1e3)
+    kv = 131_072 * 8192 / (2 * 3.35e12 * 0.8 / 1e3)
+    comm = 2 * 32 * (0.02 + 2 * 0.5 * 4096 * 2 * 8192 / 900e6)
+    assert m.prefill_ms(1, 8192, 0) == pytest.approx(gemm + attn + kv + comm + 4.0)
+    assert m.prefill_ms(1, 100, 100) == 0.0 and m.decode_ms(0, 0, 0, 0) == 0.0
+
+
+def test_table_lookup_falls_back_and_says_so():
+    table = {
+        "groups": {"hopper/fp8": {"factors": F}, "blackwell/fp8": {"factors": {**F, "e_c": 0.7}}}
+    }
+    assert lookup(table, "hopper", "fp8") == (F, "hopper/fp8")
+    f, src = lookup(table, "hopper", "bf16")
+    assert f == F and "no hopper/bf16" in src
+    f, src = lookup(table, "ampere", "fp8")
+    assert f["e_c"] == pytest.approx(0.6) and "no ampere entries" in src
+
+
+def test_family_by_name_or_given():
+    h200 = HardwareConfig(**{**H100_CFG.model_dump(), "name": "h200_sxm", "family": None})
+    assert family_of(h200) == "hopper"
+    assert (
+        family_of(HardwareConfig(**{**H100_CFG.model_dump(), "name": "x", "family": "blackwell"}))
+        == "blackwell"
+    )
+
+
+def test_fp4_needs_an_fp4_rate():
+    llm = LLAMA8B_CFG.model_copy(update={"dtype": "fp4"})
+    with pytest.raises(ValueError, match="no fp4 tensor rate"):
+        CalibratedRoofline(llm, H100_CFG.model_copy(update={"fp4_tflops": None}), 1, factors=F)
+
+
+def test_shipped_table_has_the_dev_set_groups():
+    f, src = calibrated_factors(LLAMA8B_CFG.model_copy(update={"dtype": "fp8"}), H100_CFG)
+    assert src == "hopper/fp8" and set(F) <= set(f)
+    assert all(v > 0 for v in f.values())
+
+
+def test_frontend_latency_counts_in_ttft(config, trace, tmp_path):
+    """A lone request with the table's o_req: TTFT grows by exactly o_req against the same
+    factors without it."""
+    rows = [{"timestamp": 0, "input_length": 512, "output_length": 4, "hash_ids": [1]}]
+    base = {"groups": {"hopper/bf16": {"factors": {**F, "o_req": 0.0}}}}
+    late = {"groups": {"hopper/bf16": {"factors": F}}}
+    ttft = []
+    for table in (base, late):
+        path = tmp_path / f"f{len(ttft)}.json"
+        path.write_text(json.dumps(table))
+        cfg = config(
+            workload={"kind": "mooncake", "path": trace(rows), "trace_block_size": 512},
+            timing={"kind": "calibrated_roofline", "factors_path": str(path)},
+        )
+        ttft.append(simulate(cfg).summary["mean_ttft_ms"])
+    assert ttft[1] - ttft[0] == pytest.approx(30.0)
