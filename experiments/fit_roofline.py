@@ -6,8 +6,9 @@
 For every (GPU family, weight dtype) group of the rows servesim can describe (the same model,
 system and precision maps as experiments/accuracy.py), it chooses the eight factors of
 `model.timing.calibrated` (e_c, e_m, e_a, o_p, o_d, o_seq, a_ar, o_req) that minimise the mean
-absolute log error of TTFT plus that of TPOT, by coordinate descent over bounded log grids. Running the full
-simulator inside the search would take hours, so the search scores each row with a closed-loop
+absolute log error of TTFT plus that of TPOT, by coordinate descent over bounded log grids.
+Running the full simulator inside the search would take hours, so it scores each row with a
+closed-loop
 steady-state estimate built from the same step-time model (below); `experiments/accuracy.py`
 then measures the fitted factors with the simulator itself. For a row of concurrency B, mean
 lengths i = 0.9 isl and o = 0.9 osl (uniform 80-100 %), context c = i + o / 2:
