@@ -1,0 +1,641 @@
+"""Accuracy against measured serving benchmarks: servesim's mean TTFT and TPOT for every point
+of a silicon CSV (AISimulate's `silicon_sample.csv` format, /work/shared/data/README.md),
+each point's load reproduced, and the mean absolute percentage error (MAPE) per group.
+
+    python experiments/accuracy.py --silicon CSV [--backend vllm] [--mode agg]
+        [--timing roofline] [--jobs N] [--limit N] [--seed S] [--override KEY=VALUE ...]
+        --out RESULT.csv [--markdown TABLE.md]
+
+For every row whose backend and mode match the flags (no flag: every value) and whose model,
+system and parallelism servesim models, it composes a RunConfig from conf/ with Hydra's compose
+API (as experiments/compare_dynamo.py does) and runs `model.simulate`:
+
+* llm: the row's `model_path` through MODELS (a Hugging Face id -> conf/llm option),
+  `llm.dtype` from `precision` (fp8, fp4; bf16 or empty: bfloat16), `llm.kv_dtype=bfloat16`
+  (vLLM keeps KV in bfloat16 by default, also under quantized weights);
+* hardware: the row's `system` through SYSTEMS; `engine.tp_size` = `tp_size`;
+* the measured load: a closed loop at `batch_size` requests in flight
+  (`load=concurrency`), 10 x `batch_size` single-turn synthetic requests whose input and output
+  lengths are drawn uniformly from 80-100 % of `isl` / `osl`, no shared prefix, prefix caching
+  off, `max_num_batched_tokens` 8192, `max_num_seqs` max(256, batch_size), the KV pool derived
+  from HBM, one aggregated worker behind round robin, a fixed seed;
+* timing: `timing=roofline` (or `--timing`, any conf/timing option), then every `--override`.
+
+Rows it does not run are counted by reason (the first that applies): mode (only `agg`), MoE
+models, other unsupported models, systems, precisions, `pp_size` > 1, `attention_dp_size` > 1,
+an incomplete row. A run that fails (e.g. the weights leave no room for KV at that TP:
+ConfigError) is recorded with its message and left out of the MAPE.
+
+Points run in a process pool (`--jobs`, default os.cpu_count()), the slowest-looking first;
+the results are sorted by id. RESULT.csv has one row per selected row: `status` ok, failed or
+skipped, `note` (the error or skip reason), the row's keys, measured and predicted mean TTFT /
+TPOT (summary `mean_ttft_ms`, `mean_tpot_ms`), `*_rel_error` = predicted / measured - 1,
+completed requests, preemptions, KV blocks and wall seconds. The table printed (and written to
+`--markdown`) has per (system, backend, model) and overall: rows, failures, the MAPE
+(mean |rel_error| x 100) and the bias (mean rel_error x 100) of TTFT and TPOT. The last line
+is `TTFT MAPE x% TPOT MAPE y% over N rows`.
+
+Exit status: 0 when it ran (whatever the accuracy), 2 on bad arguments, an unreadable CSV or
+one without the columns needed, no row matching the filters, or overrides that do not compose.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import pandas as pd
+from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from model import RunConfig, simulate, validate_config
+
+REPO = Path(__file__).resolve().parents[1]
+CONF_DIR = REPO / "conf"
+
+# Hugging Face id -> conf/llm option (dense models only; the Instruct and NVFP4 checkpoints
+# have the base model's geometry)
+MODELS: dict[str, str] = {
+    "meta-llama/Llama-3.1-70B": "llama3_70b",
+    "meta-llama/Llama-3.1-8B": "llama3_8b",
+    "meta-llama/Llama-3.1-8B-Instruct": "llama3_8b",
+    "Qwen/Qwen3-32B": "qwen3_32b",
+    "nvidia/Qwen3-32B-NVFP4": "qwen3_32b",
+}
+# mixture-of-experts models in the silicon data: servesim models dense transformers only
+MOE_MODELS: frozenset[str] = frozenset(
+    {
+        "deepseek-ai/DeepSeek-R1",
+        "deepseek-ai/DeepSeek-V3",
+        "nvidia/DeepSeek-R1-NVFP4",
+        "nvidia/DeepSeek-V3.1-NVFP4",
+        "MiniMaxAI/MiniMax-M2.5",
+        "moonshotai/Kimi-K2.5",
+        "openai/gpt-oss-120b",
+        "Qwen/Qwen3-235B-A22B-FP8",
+        "Qwen/Qwen3.5-397B-A17B",
+        "zhipuai/GLM-5",
+    }
+)
+# silicon `system` -> conf/hardware option
+SYSTEMS: dict[str, str] = {"h100_sxm": "h100_sxm", "h200_sxm": "h200_sxm", "b200_sxm": "b200"}
+# silicon `precision` (weights) -> llm.dtype; "" is an empty cell (unquantized checkpoints)
+PRECISIONS: dict[str, str] = {"fp8": "fp8", "fp4": "fp4", "bf16": "bfloat16", "": "bfloat16"}
+KV_DTYPE = "bfloat16"
+
+MAX_NUM_BATCHED_TOKENS = 8192
+MIN_MAX_NUM_SEQS = 256
+REQUESTS_PER_CLIENT = 10  # about 10 x concurrency requests per measured point
+LENGTH_LOW = 0.8  # request lengths drawn uniformly from 80-100 % of nominal
+
+REQUIRED_COLUMNS = (
+    "id",
+    "backend",
+    "model_path",
+    "system",
+    "precision",
+    "mode",
+    "isl",
+    "osl",
+    "batch_size",
+    "tp_size",
+    "pp_size",
+    "attention_dp_size",
+    "silicon_ttft_ms",
+    "silicon_tpot_ms",
+)
+# skip reasons, in the order they are checked (a row counts under the first that applies)
+SKIP_REASONS = (
+    "mode",
+    "MoE",
+    "model",
+    "system",
+    "precision",
+    "pp_size > 1",
+    "attention_dp_size > 1",
+    "incomplete row",
+)
+RESULT_COLUMNS = (
+    "id",
+    "status",
+    "note",
+    "system",
+    "backend",
+    "model",
+    "llm",
+    "precision",
+    "tp",
+    "batch_size",
+    "isl",
+    "osl",
+    "measured_ttft_ms",
+    "measured_tpot_ms",
+    "predicted_ttft_ms",
+    "predicted_tpot_ms",
+    "ttft_rel_error",
+    "tpot_rel_error",
+    "num_requests",
+    "completed_requests",
+    "n_preemptions",
+    "num_gpu_blocks",
+    "wall_s",
+)
+INT_COLUMNS = (
+    "tp",
+    "batch_size",
+    "isl",
+    "osl",
+    "num_requests",
+    "completed_requests",
+    "n_preemptions",
+    "num_gpu_blocks",
+)
+GROUP = ("system", "backend", "model")
+
+
+class BadInput(ValueError):
+    """An unreadable silicon CSV, a missing column, or arguments that select nothing."""
+
+
+# --------------------------------------------------------------------------- rows
+
+
+@dataclass(frozen=True)
+class Point:
+    """One measured benchmark point that servesim can reproduce."""
+
+    id: str
+    system: str
+    backend: str
+    model: str
+    llm: str
+    hardware: str
+    precision: str
+    dtype: str
+    tp: int
+    batch_size: int
+    isl: int
+    osl: int
+    measured_ttft_ms: float
+    measured_tpot_ms: float
+
+
+@dataclass(frozen=True)
+class Skip:
+    """A selected row servesim does not run: `reason` is one of SKIP_REASONS."""
+
+    id: str
+    reason: str
+    detail: str
+
+
+def read_silicon(path: str | Path) -> pd.DataFrame:
+    """The silicon CSV, checked for the columns the harness reads."""
+    try:
+        df = pd.read_csv(path, dtype={"precision": str, "id": str}, keep_default_na=True)
+    except (OSError, ValueError, pd.errors.ParserError) as e:
+        raise BadInput(f"--silicon {path}: cannot read it as CSV ({e})") from None
+    missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
+    if missing:
+        raise BadInput(
+            f"--silicon {path}: missing column(s) {', '.join(missing)}; a silicon CSV needs "
+            f"{', '.join(REQUIRED_COLUMNS)}"
+        )
+    return df
+
+
+def select(df: pd.DataFrame, backend: str | None, mode: str | None) -> pd.DataFrame:
+    """The rows whose backend and mode match (None: any)."""
+    keep = pd.Series(True, index=df.index)
+    if backend is not None:
+        keep &= df["backend"] == backend
+    if mode is not None:
+        keep &= df["mode"] == mode
+    return df[keep]
+
+
+def _text(v: Any) -> str:
+    return "" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v).strip()
+
+
+def _number(v: Any) -> float | None:
+    """A finite number, or None for an empty or non-numeric cell."""
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def _size(v: Any) -> int:
+    """A parallelism degree; an empty cell (or 0, "not set" in some sources) is 1."""
+    x = _number(v)
+    return 1 if x is None or x == 0 else int(x)
+
+
+def map_row(row: Mapping[str, Any]) -> Point | Skip:
+    """What servesim runs for one silicon row, or why it does not."""
+    rid = _text(row["id"])
+    mode = _text(row["mode"])
+    model = _text(row["model_path"])
+    system = _text(row["system"])
+    precision = _text(row["precision"])
+    if mode != "agg":
+        return Skip(rid, "mode", f"mode {mode or '(empty)'}: only agg is reproduced")
+    if model in MOE_MODELS:
+        return Skip(rid, "MoE", f"{model} is a mixture-of-experts model")
+    if model not in MODELS:
+        return Skip(rid, "model", f"unsupported model {model or '(empty)'}")
+    if system not in SYSTEMS:
+        return Skip(rid, "system", f"unsupported system {system or '(empty)'}")
+    if precision not in PRECISIONS:
+        return Skip(rid, "precision", f"unsupported precision {precision}")
+    pp = _size(row["pp_size"])
+    if pp > 1:
+        return Skip(rid, "pp_size > 1", f"pp_size {pp}: pipeline parallelism is not modelled")
+    dp = _size(row["attention_dp_size"])
+    if dp > 1:
+        return Skip(rid, "attention_dp_size > 1", f"attention_dp_size {dp}")
+    values = {k: _number(row[k]) for k in ("isl", "osl", "batch_size", "tp_size")}
+    values["silicon_ttft_ms"] = _number(row["silicon_ttft_ms"])
+    values["silicon_tpot_ms"] = _number(row["silicon_tpot_ms"])
+    bad = [k for k, v in values.items() if v is None or v <= 0]
+    if bad:
+        return Skip(rid, "incomplete row", f"no positive {', '.join(bad)}")
+    return Point(
+        id=rid,
+        system=system,
+        backend=_text(row["backend"]),
+        model=model,
+        llm=MODELS[model],
+        hardware=SYSTEMS[system],
+        precision=precision or "bf16",
+        dtype=PRECISIONS[precision],
+        tp=int(cast(float, values["tp_size"])),
+        batch_size=int(cast(float, values["batch_size"])),
+        isl=int(cast(float, values["isl"])),
+        osl=int(cast(float, values["osl"])),
+        measured_ttft_ms=cast(float, values["silicon_ttft_ms"]),
+        measured_tpot_ms=cast(float, values["silicon_tpot_ms"]),
+    )
+
+
+def plan(df: pd.DataFrame) -> tuple[list[Point], list[Skip]]:
+    """Every row mapped; both lists sorted by id."""
+    points: list[Point] = []
+    skips: list[Skip] = []
+    for row in df.to_dict("records"):
+        item = map_row(row)
+        if isinstance(item, Point):
+            points.append(item)
+        else:
+            skips.append(item)
+    return sorted(points, key=lambda p: p.id), sorted(skips, key=lambda s: s.id)
+
+
+# --------------------------------------------------------------------------- runs
+
+
+def _lengths(key: str, nominal: int) -> list[str]:
+    """Uniform over [round(0.8 x nominal), nominal] (mean 0.9 x nominal), each key set so no
+    value of the option file's lognormal survives."""
+    return [
+        f"{key}.dist=uniform",
+        f"{key}.mean={(1 + LENGTH_LOW) / 2 * nominal:g}",
+        f"{key}.std=0",
+        f"{key}.min={max(1, round(LENGTH_LOW * nominal))}",
+        f"{key}.max={nominal}",
+    ]
+
+
+def point_overrides(point: Point, timing: str = "roofline", seed: int = 0) -> list[str]:
+    """The Hydra overrides that reproduce one measured point's setup and load."""
+    return [
+        f"llm={point.llm}",
+        f"llm.dtype={point.dtype}",
+        f"llm.kv_dtype={KV_DTYPE}",
+        f"hardware={point.hardware}",
+        f"timing={timing}",
+        "topology=aggregated",
+        "topology.num_workers=1",
+        "router=round_robin",
+        "load=concurrency",
+        f"load.concurrency={point.batch_size}",
+        "workload=synthetic",
+        f"workload.num_sessions={REQUESTS_PER_CLIENT * point.batch_size}",
+        "workload.turns_per_session=1",
+        *_lengths("workload.input_tokens", point.isl),
+        *_lengths("workload.output_tokens", point.osl),
+        "workload.shared_prefix_ratio=0",
+        "workload.num_prefix_groups=0",
+        f"engine.tp_size={point.tp}",
+        "engine.enable_prefix_caching=false",
+        f"engine.max_num_batched_tokens={MAX_NUM_BATCHED_TOKENS}",
+        f"engine.max_num_seqs={max(MIN_MAX_NUM_SEQS, point.batch_size)}",
+        "engine.num_gpu_blocks=null",
+        "output.tables=false",
+        "output.progress=off",
+        f"seed={seed}",
+    ]
+
+
+def compose_point_config(
+    point: Point, timing: str = "roofline", overrides: Sequence[str] = (), seed: int = 0
+) -> RunConfig:
+    """servesim's RunConfig for one point, composed from conf/ as the `servesim` CLI would
+    (the user's overrides last, so they win)."""
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=[*point_overrides(point, timing, seed), *overrides])
+    data = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(data, dict)
+    return validate_config(cast(dict[str, Any], data))
+
+
+def _rel_error(predicted: float, measured: float) -> float:
+    return predicted / measured - 1.0 if math.isfinite(predicted) else math.nan
+
+
+def _float(v: Any) -> float:
+    x = _number(v)
+    return math.nan if x is None else x
+
+
+def run_point(
+    point: Point, timing: str = "roofline", overrides: Sequence[str] = (), seed: int = 0
+) -> dict[str, Any]:
+    """One result row: compose, simulate, compare. Never raises for a failing run: the
+    error's type and message go to `note` with status `failed`."""
+    record: dict[str, Any] = {
+        "id": point.id,
+        "status": "ok",
+        "note": "",
+        "system": point.system,
+        "backend": point.backend,
+        "model": point.model,
+        "llm": point.llm,
+        "precision": point.precision,
+        "tp": point.tp,
+        "batch_size": point.batch_size,
+        "isl": point.isl,
+        "osl": point.osl,
+        "measured_ttft_ms": point.measured_ttft_ms,
+        "measured_tpot_ms": point.measured_tpot_ms,
+    }
+    start = time.perf_counter()
+    try:
+        result = simulate(compose_point_config(point, timing, overrides, seed))
+    except Exception as e:  # recorded, never swallowed: the row is reported as failed
+        record.update(status="failed", note=f"{type(e).__name__}: {e}")
+        record["wall_s"] = time.perf_counter() - start
+        return record
+    s = result.summary
+    ttft, tpot = _float(s.get("mean_ttft_ms")), _float(s.get("mean_tpot_ms"))
+    record.update(
+        predicted_ttft_ms=ttft,
+        predicted_tpot_ms=tpot,
+        ttft_rel_error=_rel_error(ttft, point.measured_ttft_ms),
+        tpot_rel_error=_rel_error(tpot, point.measured_tpot_ms),
+        num_requests=s.get("num_requests"),
+        completed_requests=s.get("completed_requests"),
+        n_preemptions=s.get("n_preemptions"),
+        num_gpu_blocks=s.get("metadata", {}).get("num_gpu_blocks"),
+        wall_s=time.perf_counter() - start,
+    )
+    if not (math.isfinite(ttft) and math.isfinite(tpot)):
+        record.update(status="failed", note="no prediction: mean TTFT or TPOT is missing")
+    elif s.get("completed_requests") != s.get("num_requests"):
+        record["note"] = f"{s.get('completed_requests')} of {s.get('num_requests')} completed"
+    return record
+
+
+def _work(point: Point) -> float:
+    """A rough cost, to start the slowest points first (decoded tokens dominate)."""
+    return point.batch_size * (point.osl + point.isl / 64)
+
+
+def run_points(
+    points: Sequence[Point],
+    timing: str = "roofline",
+    overrides: Sequence[str] = (),
+    seed: int = 0,
+    jobs: int = 1,
+    progress: bool = False,
+) -> list[dict[str, Any]]:
+    """Every point's result row, sorted by id; `jobs` > 1 runs them in a process pool."""
+    todo = sorted(points, key=_work, reverse=True)
+    records: list[dict[str, Any]] = []
+
+    def report(rec: dict[str, Any]) -> None:
+        records.append(rec)
+        if progress:
+            msg = rec["note"] if rec["status"] == "failed" else f"{rec['wall_s']:.1f} s"
+            print(
+                f"accuracy: [{len(records)}/{len(todo)}] {rec['id']}: {rec['status']} {msg}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    if jobs <= 1 or len(todo) <= 1:
+        for p in todo:
+            report(run_point(p, timing, overrides, seed))
+    else:
+        with ProcessPoolExecutor(max_workers=min(jobs, len(todo))) as pool:
+            futures = [pool.submit(run_point, p, timing, overrides, seed) for p in todo]
+            for f in as_completed(futures):
+                report(f.result())
+    return sorted(records, key=lambda r: r["id"])
+
+
+def skip_record(skip: Skip, row: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "id": skip.id,
+        "status": "skipped",
+        "note": f"{skip.reason}: {skip.detail}",
+        "system": _text(row["system"]),
+        "backend": _text(row["backend"]),
+        "model": _text(row["model_path"]),
+        "precision": _text(row["precision"]),
+        "tp": _number(row["tp_size"]),
+        "batch_size": _number(row["batch_size"]),
+        "isl": _number(row["isl"]),
+        "osl": _number(row["osl"]),
+        "measured_ttft_ms": _number(row["silicon_ttft_ms"]),
+        "measured_tpot_ms": _number(row["silicon_tpot_ms"]),
+    }
+
+
+def result_frame(records: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+    """One row per record, RESULT_COLUMNS in order, sorted by id."""
+    df = pd.DataFrame.from_records(list(records), columns=list(RESULT_COLUMNS))
+    for col in INT_COLUMNS:  # whole numbers stay whole next to the empty cells of skipped rows
+        x = pd.to_numeric(df[col], errors="coerce")
+        if ((x % 1 == 0) | x.isna()).all():
+            df[col] = x.astype("Int64")
+    return df.sort_values("id", kind="stable").reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------- accuracy
+
+
+def _pct(errors: pd.Series, absolute: bool) -> float:
+    e = errors.abs() if absolute else errors
+    return float(e.mean() * 100) if len(e) else math.nan
+
+
+def accuracy_table(results: pd.DataFrame) -> pd.DataFrame:
+    """Per (system, backend, model), then `all`: rows in the MAPE, failed runs, TTFT and TPOT
+    MAPE and bias in percent. Only status `ok` rows count; skipped rows are not in it."""
+    ran = results[results["status"].isin(["ok", "failed"])]
+    rows = []
+
+    def stats(g: pd.DataFrame) -> dict[str, Any]:
+        ok = g[g["status"] == "ok"]
+        return {
+            "rows": int(len(ok)),
+            "failed": int((g["status"] == "failed").sum()),
+            "ttft_mape_pct": _pct(ok["ttft_rel_error"].astype(float), True),
+            "tpot_mape_pct": _pct(ok["tpot_rel_error"].astype(float), True),
+            "ttft_bias_pct": _pct(ok["ttft_rel_error"].astype(float), False),
+            "tpot_bias_pct": _pct(ok["tpot_rel_error"].astype(float), False),
+        }
+
+    for key, g in ran.groupby(list(GROUP), sort=True):
+        rows.append({**dict(zip(GROUP, key, strict=True)), **stats(g)})
+    rows.append({"system": "all", "backend": "all", "model": "all", **stats(ran)})
+    return pd.DataFrame.from_records(rows)
+
+
+def last_line(table: pd.DataFrame) -> str:
+    """`TTFT MAPE x% TPOT MAPE y% over N rows` from the table's overall row."""
+    overall = table.iloc[-1]
+    return (
+        f"TTFT MAPE {overall['ttft_mape_pct']:.1f}% TPOT MAPE {overall['tpot_mape_pct']:.1f}% "
+        f"over {int(overall['rows'])} rows"
+    )
+
+
+def markdown(df: pd.DataFrame) -> str:
+    """A GitHub markdown table: floats to 1 decimal, missing values as `-`."""
+
+    def fmt(v: object) -> str:
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return "-"
+        return f"{v:.1f}" if isinstance(v, float) else str(v)
+
+    cols = list(df.columns)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    for row in df.astype(object).itertuples(index=False):
+        lines.append("| " + " | ".join(fmt(v) for v in row) + " |")
+    return "\n".join(lines)
+
+
+def skip_summary(skips: Sequence[Skip]) -> str:
+    counts = Counter(s.reason for s in skips)
+    return ", ".join(f"{reason} {counts[reason]}" for reason in SKIP_REASONS if counts[reason])
+
+
+def slowest(results: pd.DataFrame, n: int = 5) -> pd.DataFrame:
+    ran = results[results["status"] != "skipped"]
+    cols = ["id", "batch_size", "isl", "osl", "tp", "n_preemptions", "wall_s"]
+    return ran.sort_values("wall_s", ascending=False).head(n)[cols]
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def timing_options() -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / "timing").glob("*.yaml"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--silicon", required=True, help="silicon CSV (measured benchmark points)")
+    ap.add_argument("--backend", help="only rows of this backend (vllm, sglang, trtllm)")
+    ap.add_argument("--mode", help="only rows of this mode (agg; disagg rows are skipped)")
+    ap.add_argument(
+        "--timing", default="roofline", choices=timing_options(), help="conf/timing option"
+    )
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel runs")
+    ap.add_argument("--limit", type=int, help="run only the first N runnable rows (by id)")
+    ap.add_argument("--seed", type=int, default=0, help="servesim seed of every run")
+    ap.add_argument("--override", action="append", default=[], help="Hydra override for every run")
+    ap.add_argument("--out", required=True, help="per-row result CSV")
+    ap.add_argument("--markdown", help="also write the per-group table here")
+    args = ap.parse_args(argv)
+
+    prog = "accuracy"
+    if args.jobs < 1 or (args.limit is not None and args.limit < 1):
+        print(f"{prog}: --jobs and --limit must be positive", file=sys.stderr)
+        return 2
+    try:
+        df = read_silicon(args.silicon)
+        chosen = select(df, args.backend, args.mode)
+        if chosen.empty:
+            raise BadInput(
+                f"--silicon {args.silicon}: no row has backend={args.backend or 'any'} "
+                f"mode={args.mode or 'any'} (backends: {sorted(df['backend'].dropna().unique())}, "
+                f"modes: {sorted(df['mode'].dropna().unique())})"
+            )
+        points, skips = plan(chosen)
+        if args.limit is not None:
+            points = points[: args.limit]
+        if points:  # bad overrides or timing fail every run: say so once, before the pool
+            compose_point_config(points[0], args.timing, args.override, args.seed)
+    except BadInput as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 2
+    except (HydraException, OmegaConfBaseException, ValueError) as e:
+        print(f"{prog}: the run config does not compose: {e}", file=sys.stderr)
+        return 2
+
+    print(
+        f"{prog}: {len(chosen)} of {len(df)} rows of {args.silicon} selected "
+        f"(backend={args.backend or 'any'}, mode={args.mode or 'any'}); "
+        f"running {len(points)}, skipped {len(skips)}"
+        + (f" ({skip_summary(skips)})" if skips else ""),
+        flush=True,
+    )
+    start = time.perf_counter()
+    records = run_points(
+        points, args.timing, args.override, args.seed, jobs=args.jobs, progress=True
+    )
+    wall = time.perf_counter() - start
+    by_id = {str(r["id"]): r for r in chosen.to_dict("records")}
+    results = result_frame([*records, *(skip_record(s, by_id[s.id]) for s in skips)])
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    results.to_csv(out, index=False)
+
+    table = accuracy_table(results)
+    text = markdown(table)
+    failed = results[results["status"] == "failed"]
+    print(f"\n{text}\n")
+    if len(failed):
+        print(f"{len(failed)} failed run(s) (not in the MAPE):")
+        for rec in failed.itertuples(index=False):
+            print(f"  {rec.id}: {rec.note}")
+    if points:
+        print(f"slowest points:\n{slowest(results).to_string(index=False)}")
+    print(f"{len(points)} runs in {wall:.1f} s with --jobs {args.jobs}; results: {out}")
+    line = last_line(table)
+    if args.markdown:
+        Path(args.markdown).write_text(f"{text}\n\n{line}\n")
+    print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
