@@ -11,8 +11,8 @@ system and parallelism servesim models, it composes a RunConfig from conf/ with 
 API (as experiments/compare_dynamo.py does) and runs `model.simulate`:
 
 * llm: the row's `model_path` through MODELS (a Hugging Face id -> conf/llm option),
-  `llm.dtype` from `precision` (fp8, fp4; bf16 or empty: bfloat16), `llm.kv_dtype=bfloat16`
-  (vLLM keeps KV in bfloat16 by default, also under quantized weights);
+  `llm.dtype` from `precision` (fp8, fp4; bf16 or empty: bfloat16), `llm.kv_dtype` bfloat16
+  (vLLM's default), fp8 on B200 (KV_DTYPES says why);
 * hardware: the row's `system` through SYSTEMS; `engine.tp_size` = `tp_size`;
 * the measured load: a closed loop at `batch_size` requests in flight
   (`load=concurrency`), 10 x `batch_size` single-turn synthetic requests whose input and output
@@ -92,7 +92,18 @@ MOE_MODELS: frozenset[str] = frozenset(
 SYSTEMS: dict[str, str] = {"h100_sxm": "h100_sxm", "h200_sxm": "h200_sxm", "b200_sxm": "b200"}
 # silicon `precision` (weights) -> llm.dtype; "" is an empty cell (unquantized checkpoints)
 PRECISIONS: dict[str, str] = {"fp8": "fp8", "fp4": "fp4", "bf16": "bfloat16", "": "bfloat16"}
-KV_DTYPE = "bfloat16"
+# KV dtype per system: vLLM's default keeps KV in bfloat16, which reproduces the H100 points
+# (the 70B tp2 points whose TTFT jumps to 30-59 s queue for bf16 KV in servesim too). The B200
+# points cannot have: at tp1, batch 64, 1024x8192 their KV in bf16 is 64 x 9,216 x 327,680 B =
+# 193 GB, more than the GPU's 180 GB, yet they show no KV queueing (TTFT 0.24-0.38 s); in fp8 it
+# fits (their FP8/NVFP4 checkpoints carry FP8 KV scales). So B200 points run with fp8 KV.
+KV_DTYPES: dict[str, str] = {"b200_sxm": "fp8"}
+KV_DTYPE = "bfloat16"  # every other system
+
+
+def kv_dtype_for(system: str) -> str:
+    return KV_DTYPES.get(system, KV_DTYPE)
+
 
 MAX_NUM_BATCHED_TOKENS = 8192
 MIN_MAX_NUM_SEQS = 256
@@ -324,7 +335,7 @@ def point_overrides(point: Point, timing: str = "roofline", seed: int = 0) -> li
     return [
         f"llm={point.llm}",
         f"llm.dtype={point.dtype}",
-        f"llm.kv_dtype={KV_DTYPE}",
+        f"llm.kv_dtype={kv_dtype_for(point.system)}",
         f"hardware={point.hardware}",
         f"timing={timing}",
         "topology=aggregated",

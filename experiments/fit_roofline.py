@@ -41,18 +41,14 @@ import numpy as np
 import pandas as pd
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiments/ is not a package
+from accuracy import MODELS, PRECISIONS, SYSTEMS, kv_dtype_for  # noqa: E402  (one set of maps)
+
 from model.config.derived import kv_bytes_per_token, weight_bytes
 from model.config.schema import HardwareConfig, LlmConfig
 from model.timing.calibrated import FACTOR_KEYS, FACTORS_PATH, CalibratedRoofline, family_of
 
 REPO = Path(__file__).resolve().parents[1]
-MODELS = {
-    "meta-llama/Llama-3.1-70B": "llama3_70b",
-    "meta-llama/Llama-3.1-8B": "llama3_8b",
-    "Qwen/Qwen3-32B": "qwen3_32b",
-}
-SYSTEMS = {"h100_sxm": "h100_sxm", "h200_sxm": "h200_sxm", "b200_sxm": "b200"}
-PRECISIONS = {"fp8": "fp8", "fp4": "fp4", "bf16": "bfloat16", "": "bfloat16"}
 BUDGET = 8192  # max_num_batched_tokens of the measured runs
 # bounds of each factor (log-uniform grids between them)
 BOUNDS = {
@@ -94,7 +90,7 @@ def rows(csv: Path, backend: str, mode: str) -> pd.DataFrame:
 def model_for(row: Any) -> tuple[LlmConfig, HardwareConfig]:
     llm = _conf("llm", MODELS[row.model_path])
     llm["dtype"] = PRECISIONS[row.precision if isinstance(row.precision, str) else ""]
-    llm["kv_dtype"] = "bfloat16"
+    llm["kv_dtype"] = kv_dtype_for(row.system)
     return LlmConfig(**llm), HardwareConfig(**_conf("hardware", SYSTEMS[row.system]))
 
 
