@@ -190,8 +190,30 @@ class CalibratedRooflineTiming(Schema):
     )
 
 
+class AiconfiguratorTiming(Schema):
+    """NVIDIA AIConfigurator's measured per-operation tables (the optional `aic` extra:
+    `pip install -e '.[aic]'`); docs/timing.md#aiconfigurator."""
+
+    kind: Literal["aiconfigurator"] = "aiconfigurator"
+    model_id: str | None = Field(
+        None, description="Hugging Face id; null: from llm.name (llama3_8b, llama3_70b, qwen3_32b)"
+    )
+    system: str | None = Field(None, description="AIC system; null: from hardware.name")
+    backend: Literal["vllm", "trtllm", "sglang"] = "vllm"
+    backend_version: str | None = Field(None, description="null: the library's current one")
+    ep_size: int = Field(1, gt=0, description="expert parallelism (MoE models only)")
+    bucket_rel_error: float = Field(
+        0.02, ge=0, lt=1, description="memo buckets: each shape argument within this fraction"
+    )
+
+
 TimingConfig = Annotated[
-    PolynomialTiming | FixedTiming | InterpolatedTiming | RooflineTiming | CalibratedRooflineTiming,
+    PolynomialTiming
+    | FixedTiming
+    | InterpolatedTiming
+    | RooflineTiming
+    | CalibratedRooflineTiming
+    | AiconfiguratorTiming,
     Field(discriminator="kind"),
 ]
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from model.config.errors import ConfigError
 from model.config.schema import (
+    AiconfiguratorTiming,
     CalibratedRooflineTiming,
     FixedTiming,
     InterpolatedTiming,
@@ -35,9 +37,70 @@ def build_step_time(cfg: RunConfig, engine: VllmEngineConfig | None = None) -> S
         inner = Roofline(t, cfg.llm, cfg.hardware, engine.tp_size)
     elif isinstance(t, CalibratedRooflineTiming):
         inner = CalibratedRoofline(cfg.llm, cfg.hardware, engine.tp_size, path=t.factors_path)
+    elif isinstance(t, AiconfiguratorTiming):
+        inner = _aiconfigurator(cfg, t, engine)
     else:  # pragma: no cover - the schema admits no other kind
         raise TypeError(f"unknown timing kind {t!r}")
     return Scaled(inner, engine.speedup_ratio, engine.decode_speedup_ratio)
+
+
+# servesim names -> AIConfigurator's (the library caches Llama 3.1 under its old repo names;
+# model.timing.aiconfigurator aliases the new ones)
+AIC_MODELS = {
+    "llama3_8b": "meta-llama/Llama-3.1-8B",
+    "llama3_70b": "meta-llama/Llama-3.1-70B",
+    "qwen3_32b": "Qwen/Qwen3-32B",
+}
+AIC_SYSTEMS = {"h100_sxm": "h100_sxm", "h200_sxm": "h200_sxm", "b200": "b200_sxm"}
+AIC_GEMM_QUANT = {"bfloat16": None, "fp8": "fp8", "fp4": "nvfp4"}
+AIC_KV_QUANT = {"auto": None, "bfloat16": None, "fp8": "fp8", "int8": "int8"}
+
+
+def _aiconfigurator(cfg: RunConfig, t: AiconfiguratorTiming, engine: VllmEngineConfig) -> StepTime:
+    """AIConfigurator's step time for this llm / hardware / engine, or a ConfigError naming
+    what it cannot price (never a silent fallback)."""
+    llm, hw = cfg.llm, cfg.hardware
+    model_id = t.model_id or AIC_MODELS.get(llm.name)
+    system = t.system or AIC_SYSTEMS.get(hw.name)
+    problems = []
+    if model_id is None:
+        problems.append(f"llm.name={llm.name} has no Hugging Face id (set timing.model_id)")
+    if system is None:
+        problems.append(f"hardware.name={hw.name} has no AIC system (set timing.system)")
+    if llm.dtype not in AIC_GEMM_QUANT:
+        problems.append(f"llm.dtype={llm.dtype} (AIC prices bfloat16, fp8, fp4)")
+    kv = llm.kv_dtype
+    if kv not in AIC_KV_QUANT:
+        problems.append(f"llm.kv_dtype={kv} (AIC prices auto, bfloat16, fp8, int8)")
+    if problems:
+        raise ConfigError(
+            "timing=aiconfigurator cannot price this run: "
+            + "; ".join(problems)
+            + " (timing=calibrated_roofline or roofline price any llm x hardware)"
+        )
+    assert model_id is not None and system is not None  # else a problem was named above
+    try:
+        from model.timing.aiconfigurator import AiconfiguratorStepTime
+
+        return AiconfiguratorStepTime(
+            model_id,
+            system,
+            t.backend,
+            backend_version=t.backend_version,
+            tp_size=engine.tp_size,
+            ep_size=t.ep_size,
+            attention_dp_size=engine.dp_size,
+            gemm_quant=AIC_GEMM_QUANT[llm.dtype],
+            kv_cache_quant=AIC_KV_QUANT[kv],
+            bucket_rel_error=t.bucket_rel_error,
+        )
+    except ImportError as e:
+        raise ConfigError(str(e)) from None
+    except ValueError as e:
+        raise ConfigError(
+            f"timing=aiconfigurator: {e} (timing=calibrated_roofline or roofline price any "
+            "llm x hardware)"
+        ) from None
 
 
 def frontend_latency_ms(cfg: RunConfig) -> float:

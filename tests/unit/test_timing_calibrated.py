@@ -3,12 +3,14 @@ fallbacks, the frontend latency, and its errors."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
 from tests_support import H100_CFG, LLAMA8B_CFG
 
 from model import simulate
+from model.config.errors import ConfigError
 from model.config.schema import HardwareConfig
 from model.timing.calibrated import CalibratedRoofline, calibrated_factors, family_of, lookup
 
@@ -95,3 +97,27 @@ def test_frontend_latency_counts_in_ttft(config, trace, tmp_path):
         )
         ttft.append(simulate(cfg).summary["mean_ttft_ms"])
     assert ttft[1] - ttft[0] == pytest.approx(30.0)
+
+
+def test_aiconfigurator_names_what_it_cannot_price(config, trace):
+    """Checked before the library is imported, so the default install reports it too."""
+    rows = [{"timestamp": 0, "input_length": 64, "output_length": 2, "hash_ids": [1]}]
+    cfg = config(
+        workload={"kind": "mooncake", "path": trace(rows), "trace_block_size": 64},
+        timing={"kind": "aiconfigurator"},
+        llm={"dtype": "int8"},
+    )
+    with pytest.raises(ConfigError, match=r"cannot price this run: llm.dtype=int8"):
+        simulate(cfg)
+
+
+def test_aiconfigurator_without_the_extra_says_how_to_install(config, trace):
+    if importlib.util.find_spec("aiconfigurator_core") is not None:
+        pytest.skip("the aic extra is installed here")
+    rows = [{"timestamp": 0, "input_length": 64, "output_length": 2, "hash_ids": [1]}]
+    cfg = config(
+        workload={"kind": "mooncake", "path": trace(rows), "trace_block_size": 64},
+        timing={"kind": "aiconfigurator"},
+    )
+    with pytest.raises(ConfigError, match=r"pip install -e '\.\[aic\]'"):
+        simulate(cfg)
