@@ -36,7 +36,10 @@ def build_step_time(cfg: RunConfig, engine: VllmEngineConfig | None = None) -> S
     elif isinstance(t, RooflineTiming):
         inner = Roofline(t, cfg.llm, cfg.hardware, engine.tp_size)
     elif isinstance(t, CalibratedRooflineTiming):
-        inner = CalibratedRoofline(cfg.llm, cfg.hardware, engine.tp_size, path=t.factors_path)
+        try:
+            inner = CalibratedRoofline(cfg.llm, cfg.hardware, engine.tp_size, path=t.factors_path)
+        except (ValueError, OSError) as e:
+            raise ConfigError(str(e)) from None
     elif isinstance(t, AiconfiguratorTiming):
         inner = _aiconfigurator(cfg, t, engine)
     else:  # pragma: no cover - the schema admits no other kind

@@ -113,7 +113,8 @@ class CalibratedRoofline:
         if self.peak_tflops is None:
             raise ValueError(
                 f"timing=calibrated_roofline: {hw.name} has no fp4 tensor rate "
-                f"(hardware.fp4_tflops) for llm.dtype=fp4"
+                f"(hardware.fp4_tflops) for llm.dtype=fp4; set it, or price fp8 weights "
+                "(llm.dtype=fp8), or use timing=aiconfigurator on a GPU its tables cover"
             )
         self.llm, self.hw = llm, hw
         self.weight_bytes = weight_bytes(llm)
