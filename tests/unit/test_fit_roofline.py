@@ -1,0 +1,74 @@
+"""experiments/fit_roofline.py: its closed-loop estimate and its KV-bound screen."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+F = {
+    "e_c": 0.5,
+    "e_m": 0.8,
+    "e_a": 0.25,
+    "o_p": 4.0,
+    "o_d": 2.0,
+    "o_seq": 0.01,
+    "a_ar": 0.02,
+    "o_req": 30.0,
+}
+
+
+def _fit():
+    sys.path.insert(0, str(REPO / "experiments"))
+    spec = importlib.util.spec_from_file_location(
+        "fit_roofline", REPO / "experiments" / "fit_roofline.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def row(**kw):
+    base = {
+        "model_path": "meta-llama/Llama-3.1-70B",
+        "system": "b200_sxm",
+        "precision": "fp8",
+        "tp_size": 1,
+        "batch_size": 64,
+        "isl": 1024,
+        "osl": 8192,
+    }
+    return SimpleNamespace(**{**base, **kw})
+
+
+def test_estimate_is_the_documented_closed_loop():
+    fit = _fit()
+    llm, hw = fit.model_for(row())
+    from model.timing.calibrated import CalibratedRoofline
+
+    m = CalibratedRoofline(llm, hw, 1, factors=F)
+    ttft, tpot = fit.estimate(m, 16, 1000, 500)
+    i, o = 900, 450.0
+    t_d = m.decode_ms(16, 0, 0, round(i + o / 2))
+    one = m.prefill_ms(1, i, 0)
+    mean_pass = t_d + min(1, 16 / o) * 4.0 + 16 / o * (one - 4.0)
+    first = (math.ceil(16 * i / 8192) + 1) / 2 * m.prefill_ms(9, 900, 0)
+    assert tpot == pytest.approx(mean_pass)
+    assert ttft == pytest.approx(0.9 * (mean_pass / 2 + t_d + one) + 0.1 * first + 30.0)
+
+
+def test_kv_bound_uses_the_systems_kv_dtype():
+    """Batch 64 at 1024x8192 needs 64 x 9,216 tokens of KV: on a B200 pair in fp8 (163,840
+    B/token, 97 GB) it fits the 249 GB left beside the weights; on an H100 pair in bf16
+    (327,680 B/token, 193 GB) it does not fit the 75 GB left; a lone B200 (89 GB left) is
+    just short."""
+    fit = _fit()
+    assert not fit.kv_bound(row(tp_size=2))
+    assert fit.kv_bound(row(system="h100_sxm", tp_size=2))
+    assert fit.kv_bound(row())
