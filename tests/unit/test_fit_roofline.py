@@ -66,7 +66,7 @@ def test_estimate_is_the_documented_closed_loop():
 def test_kv_bound_uses_the_systems_kv_dtype():
     """Batch 64 at 1024x8192 needs 64 x 9,216 tokens of KV: on a B200 pair in fp8 (163,840
     B/token, 97 GB) it fits the 249 GB left beside the weights; on an H100 pair in bf16
-    (327,680 B/token, 193 GB) it does not fit the 75 GB left; a lone B200 (89 GB left) is
+    (327,680 B/token, 193 GB) it does not fit the 69 GB left; a lone B200 (89 GB left) is
     just short."""
     fit = _fit()
     assert not fit.kv_bound(row(tp_size=2))
