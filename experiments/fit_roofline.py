@@ -13,10 +13,11 @@ steady-state estimate built from the same step-time model (below); `experiments/
 then measures the fitted factors with the simulator itself. For a row of concurrency B, mean
 lengths i = 0.9 isl and o = 0.9 osl (uniform 80-100 %), context c = i + o / 2:
 
-    decode pass      t_d = decode(B, c)
-    mean pass        t = t_d + min(1, B / o) o_p + (B / o) (prefill(1, i) - o_p)
+    decode pass      t_d = decode(B, c);  a pass with k = max(1, round(B / o)) prefills:
+                     t_m = mixed(k prefills of i, B - k decodes at c)
+    mean pass        t = (1 - B / o) t_d + (B / o) t_m   (t_m when B / o >= 1)
     TPOT             t                      (one new request every o / B passes)
-    TTFT, steady     t / 2 + t_d + prefill(1, i)
+    TTFT, steady     t / 2 + mixed(1 prefill of i, B - 1 decodes)
     TTFT, first wave (N + 1) / 2 x prefill(k, i)   for N = ceil(B i / 8192) chunks of k requests
     TTFT             0.9 steady + 0.1 first wave + o_req  (B of the 10 B requests start
                      together; o_req the frontend latency)
@@ -97,14 +98,16 @@ def model_for(row: Any) -> tuple[LlmConfig, HardwareConfig]:
 def estimate(m: CalibratedRoofline, b: int, isl: int, osl: int) -> tuple[float, float]:
     """Closed-loop steady-state TTFT and TPOT (ms) of the module docstring."""
     i, o = max(1, round(0.9 * isl)), max(1.0, 0.9 * osl)
-    t_d = m.decode_ms(b, 0, 0, round(i + o / 2))
-    one = m.prefill_ms(1, i, 0)
-    rate = b / o
-    mean_pass = t_d + min(1.0, rate) * m.f["o_p"] + rate * (one - m.f["o_p"])
-    steady = mean_pass / 2 + t_d + one
-    k = max(1, min(b, BUDGET // i))
+    ctx = round(i + o / 2)
+    t_d = m.decode_ms(b, 0, 0, ctx)
+    rate = b / o  # new requests (prefills) per decode pass
+    k = max(1, round(rate))
+    t_mix = m.mixed_ms(k, i, 0, max(1, b - k), ctx)
+    mean_pass = (1 - rate) * t_d + rate * t_mix if rate < 1 else t_mix
+    steady = mean_pass / 2 + m.mixed_ms(1, i, 0, max(1, b - 1), ctx)
+    first_k = max(1, min(b, BUDGET // i))
     chunks = math.ceil(b * i / BUDGET)
-    first = (chunks + 1) / 2 * m.prefill_ms(k, min(i, BUDGET), 0)
+    first = (chunks + 1) / 2 * m.prefill_ms(first_k, min(i, BUDGET), 0)
     return 0.9 * steady + 0.1 * first + m.f.get("o_req", 0.0), mean_pass
 
 

@@ -78,6 +78,8 @@ class Worker:
             for k, s in enumerate(schedulers)
         ]
         self.step_time = step_time
+        # a timing model that prices a mixed pass as one (weights read once) offers mixed_ms
+        self.mixed_ms = getattr(step_time, "mixed_ms", None)
         self.recorder = recorder
         self.on_complete = on_complete
         self.on_reject = on_reject
@@ -237,9 +239,16 @@ class Worker:
 
     def _end_of(self, batch: Batch, start: float) -> float:
         """When one rank's work starting at `start` ends: start + prefill part + decode part,
-        each part kept in whole nanoseconds (as the mocker does)."""
+        each part kept in whole nanoseconds (as the mocker does); a pass with both parts is
+        priced as one by a timing model that offers `mixed_ms` (calibrated_roofline)."""
         st = self.step_time
         end = start
+        if batch.n_prefill and batch.n_decode and self.mixed_ms is not None:
+            n, b = batch.n_prefill, batch.n_decode
+            ctx = batch.sum_decode_context
+            return end + whole_ns(
+                self.mixed_ms(n, batch.sum_prefill_isl // n, batch.sum_prefix // n, b, ctx // b)
+            )
         if batch.n_prefill:
             n = batch.n_prefill
             end += whole_ns(st.prefill_ms(n, batch.sum_prefill_isl // n, batch.sum_prefix // n))

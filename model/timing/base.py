@@ -42,6 +42,13 @@ class Scaled:
         self.prefill_div = speedup_ratio if speedup_ratio > 0 else 1.0
         decode = speedup_ratio * decode_speedup_ratio
         self.decode_div = decode if decode > 0 else 1.0
+        # a model that prices mixed passes as one (a pass is then scaled by the prefill ratio)
+        self.mixed_ms = self._mixed if hasattr(inner, "mixed_ms") else None
+
+    def _mixed(
+        self, n: int, mean_isl: int, mean_prefix: int, batch: int, mean_context: int
+    ) -> float:
+        return self.inner.mixed_ms(n, mean_isl, mean_prefix, batch, mean_context) / self.prefill_div  # type: ignore[attr-defined]
 
     def prefill_ms(self, n: int, mean_isl: int, mean_prefix: int) -> float:
         return self.inner.prefill_ms(n, mean_isl, mean_prefix) / self.prefill_div

@@ -11,6 +11,8 @@ W: weight bytes, L layers, H query heads, d head dim, h hidden size, kv: KV byte
     all-reduce 2 L (a_ar + 2 (tp - 1) / tp x tokens h 2 B / NVLink B/s)     (tp > 1 only)
     part       t = t_gemm + t_attn + t_comm + o_p             (prefill)
                  t = t_gemm + t_attn + t_comm + o_d + o_seq B     (decode)
+    mixed      t = t_gemm(T + B) + both t_attn + t_comm(T + B) + o_p + o_seq B
+               (a pass with both parts is priced as one: its weights are read once)
 
 T is the part's new tokens (prefill) or its batch B (decode); peak_w the dense tensor rate of the
 weights' dtype (fp4, fp8, else bf16). The fitted factors, per (GPU family, weight dtype), are
@@ -166,6 +168,20 @@ class CalibratedRoofline:
         attn = self.kv_bytes_per_token * batch * mean_context / self.bytes_per_ms
         fixed = self.f["o_d"] + self.f.get("o_seq", 0.0) * batch
         return _finite(self._gemm_ms(batch) + attn + self._comm_ms(batch) + fixed, "decode")
+
+    def mixed_ms(
+        self, n: int, mean_isl: int, mean_prefix: int, batch: int, mean_context: int
+    ) -> float:
+        """A pass with both parts, priced as one: its GEMMs run once over the prefill tokens
+        and the decode batch (the weights are read once), the attention and all-reduce terms
+        of both, and the prefill part's fixed cost plus the per-sequence cost."""
+        t = new_tokens(n, mean_isl, mean_prefix)
+        tokens = t + batch
+        chunk = t / n
+        attn = self.attn_flops_per_pair * t * (mean_prefix + chunk / 2) / self.attn_flops_per_ms
+        attn += self.kv_bytes_per_token * (n * mean_isl + batch * mean_context) / self.bytes_per_ms
+        fixed = self.f["o_p"] + self.f.get("o_seq", 0.0) * batch
+        return _finite(self._gemm_ms(tokens) + attn + self._comm_ms(tokens) + fixed, "mixed")
 
 
 def _finite(ms: float, part: str) -> float:
