@@ -55,12 +55,13 @@ def test_estimate_is_the_documented_closed_loop():
     m = CalibratedRoofline(llm, hw, 1, factors=F)
     ttft, tpot = fit.estimate(m, 16, 1000, 500)
     i, o = 900, 450.0
-    t_d = m.decode_ms(16, 0, 0, round(i + o / 2))
-    one = m.prefill_ms(1, i, 0)
-    mean_pass = t_d + min(1, 16 / o) * 4.0 + 16 / o * (one - 4.0)
+    ctx = round(i + o / 2)
+    rate = 16 / o
+    mean_pass = (1 - rate) * m.decode_ms(16, 0, 0, ctx) + rate * m.mixed_ms(1, i, 0, 15, ctx)
     first = (math.ceil(16 * i / 8192) + 1) / 2 * m.prefill_ms(9, 900, 0)
+    steady = mean_pass / 2 + m.mixed_ms(1, i, 0, 15, ctx)
     assert tpot == pytest.approx(mean_pass)
-    assert ttft == pytest.approx(0.9 * (mean_pass / 2 + t_d + one) + 0.1 * first + 30.0)
+    assert ttft == pytest.approx(0.9 * steady + 0.1 * first + 30.0)
 
 
 def test_kv_bound_uses_the_systems_kv_dtype():

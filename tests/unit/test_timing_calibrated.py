@@ -49,6 +49,18 @@ def test_prefill_is_compute_bound_gemm_plus_attention_and_tp_all_reduce():
     assert m.prefill_ms(1, 100, 100) == 0.0 and m.decode_ms(0, 0, 0, 0) == 0.0
 
 
+def test_a_mixed_pass_reads_the_weights_once():
+    """2,048 new tokens and 16 decodes at context 1,000 in one pass: one GEMM over 2,064
+    tokens (compute-bound here), both attention terms, o_p + 16 o_seq; cheaper than the two
+    parts priced apart, which would read the weights twice."""
+    m = CalibratedRoofline(LLAMA8B_CFG, H100_CFG, 1, factors=F)
+    gemm = 2 * (8.03e9 - 128256 * 4096) * 2064 / (989e12 * 0.5 / 1e3)
+    attn = 4 * 32 * 32 * 128 * 2048 * 1024 / (989e12 * 0.25 / 1e3)
+    kv = 131_072 * (2048 + 16 * 1000) / (3.35e12 * 0.8 / 1e3)
+    assert m.mixed_ms(1, 2048, 0, 16, 1000) == pytest.approx(gemm + attn + kv + 4.0 + 0.16)
+    assert m.mixed_ms(1, 2048, 0, 16, 1000) < m.prefill_ms(1, 2048, 0) + m.decode_ms(16, 0, 0, 1000)
+
+
 def test_table_lookup_falls_back_and_says_so():
     table = {
         "groups": {"hopper/fp8": {"factors": F}, "blackwell/fp8": {"factors": {**F, "e_c": 0.7}}}
