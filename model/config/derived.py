@@ -40,6 +40,25 @@ def weight_bytes(llm: LlmConfig) -> float:
     return llm.num_params_b * 1e9 * DTYPE_BYTES[llm.dtype]
 
 
+def active_params(llm: LlmConfig) -> float:
+    """Parameters one token's forward pass uses (all of them for a dense model)."""
+    return (llm.active_params_b or llm.num_params_b) * 1e9
+
+
+def weight_bytes_read(llm: LlmConfig, tokens: float) -> float:
+    """Weight bytes a pass over `tokens` tokens reads: all of a dense model's; of a MoE model
+    the dense part plus the experts at least one token routes to, in expectation
+    (each expert is untouched by a token with probability 1 - k/E, independently)."""
+    if llm.num_experts is None:
+        return weight_bytes(llm)
+    e, k = llm.num_experts, llm.experts_per_token
+    assert k is not None
+    expert = (llm.num_params_b - active_params(llm) / 1e9) / (e - k)  # billions per expert
+    dense = llm.num_params_b - e * expert
+    touched = e * (1.0 - (1.0 - k / e) ** max(tokens, 0.0))
+    return (dense + touched * expert) * 1e9 * DTYPE_BYTES[llm.dtype]
+
+
 def derived_num_gpu_blocks(
     cfg: RunConfig, engine: VllmEngineConfig | None = None, where: str = "engine"
 ) -> int:

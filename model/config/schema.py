@@ -42,6 +42,36 @@ class LlmConfig(Schema):
         "auto", description="auto: the weights' dtype (bfloat16 for fp4 weights)"
     )
 
+    # mixture of experts: every MoE layer routes each token to `experts_per_token` of
+    # `num_experts` experts, so a token's GEMMs use `active_params_b` of the parameters
+    num_experts: int | None = Field(None, gt=1, description="MoE: experts per layer")
+    experts_per_token: int | None = Field(None, gt=0, description="MoE: experts a token uses")
+    active_params_b: PositiveFloat | None = Field(
+        None, description="MoE: parameters one token's forward pass uses, in billions"
+    )
+
+    @model_validator(mode="after")
+    def _moe_complete(self) -> LlmConfig:
+        moe = (self.num_experts, self.experts_per_token, self.active_params_b)
+        if any(v is not None for v in moe) and any(v is None for v in moe):
+            raise ValueError(
+                "a mixture-of-experts llm needs num_experts, experts_per_token and "
+                "active_params_b together"
+            )
+        if self.num_experts is not None:
+            assert self.experts_per_token is not None and self.active_params_b is not None
+            if self.experts_per_token > self.num_experts:
+                raise ValueError(
+                    f"experts_per_token ({self.experts_per_token}) must be <= num_experts "
+                    f"({self.num_experts})"
+                )
+            if self.active_params_b >= self.num_params_b:
+                raise ValueError(
+                    f"active_params_b ({self.active_params_b}) must be below num_params_b "
+                    f"({self.num_params_b})"
+                )
+        return self
+
     @model_validator(mode="after")
     def _heads_divide(self) -> LlmConfig:
         if self.num_attention_heads % self.num_kv_heads:

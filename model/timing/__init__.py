@@ -53,6 +53,8 @@ AIC_MODELS = {
     "llama3_8b": "meta-llama/Llama-3.1-8B",
     "llama3_70b": "meta-llama/Llama-3.1-70B",
     "qwen3_32b": "Qwen/Qwen3-32B",
+    "qwen3_30b_a3b": "Qwen/Qwen3-30B-A3B",
+    "qwen3_235b_a22b": "Qwen/Qwen3-235B-A22B",
 }
 AIC_SYSTEMS = {"h100_sxm": "h100_sxm", "h200_sxm": "h200_sxm", "b200": "b200_sxm"}
 AIC_GEMM_QUANT = {"bfloat16": None, "fp8": "fp8", "fp4": "nvfp4"}

@@ -5,6 +5,8 @@ Per GPU of a `tp`-way tensor-parallel worker (P_gemm: parameters outside the emb
 W: weight bytes, L layers, H query heads, d head dim, h hidden size, kv: KV bytes per token):
 
     GEMM       t_gemm = max(2 P_gemm T / (tp peak_w e_c),  W / (tp BW e_m))
+               (MoE: P_gemm from the active parameters, W the dense part plus the experts
+               the T tokens touch in expectation)
     attention  prefill: 4 L H d T (prefix + chunk / 2) / (tp peak_bf16 e_a)
                         + kv n isl / (tp BW e_m)
                decode:  kv B ctx / (tp BW e_m)
@@ -35,7 +37,13 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from model.config.derived import DTYPE_BYTES, kv_bytes_per_token, weight_bytes
+from model.config.derived import (
+    DTYPE_BYTES,
+    active_params,
+    kv_bytes_per_token,
+    weight_bytes,
+    weight_bytes_read,
+)
 from model.config.schema import HardwareConfig, LlmConfig
 from model.timing.base import new_tokens
 
@@ -120,9 +128,7 @@ class CalibratedRoofline:
             )
         self.llm, self.hw = llm, hw
         self.weight_bytes = weight_bytes(llm)
-        self.gemm_flops_per_token = 2.0 * (
-            llm.num_params_b * 1e9 - llm.vocab_size * llm.hidden_size
-        )
+        self.gemm_flops_per_token = 2.0 * (active_params(llm) - llm.vocab_size * llm.hidden_size)
         self.attn_flops_per_pair = 4.0 * llm.num_layers * llm.num_attention_heads * llm.head_dim
         self.kv_bytes_per_token = kv_bytes_per_token(llm)
         self.set_factors(factors)
@@ -143,9 +149,14 @@ class CalibratedRoofline:
             self.comm_fixed_ms = self.comm_ms_per_token = 0.0
 
     def _gemm_ms(self, tokens: float) -> float:
+        weights = (
+            self.weight_bytes
+            if self.llm.num_experts is None
+            else weight_bytes_read(self.llm, tokens)
+        )
         return max(
             self.gemm_flops_per_token * tokens / self.gemm_flops_per_ms,
-            self.weight_bytes / self.bytes_per_ms,
+            weights / self.bytes_per_ms,
         )
 
     def _comm_ms(self, tokens: float) -> float:

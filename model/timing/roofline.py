@@ -13,14 +13,22 @@ T = n (isl - prefix) new tokens, chunk c = T / n):
     memory_efficiency),  t_comm = 2 L (tp - 1)/tp x tokens x hidden x 2 B / NVLink B/s
     t = max(t_comp, t_mem) + t_comm + overhead
 
-P_gemm excludes the embedding table (a lookup, not a GEMM); the LM head is counted. The peak is
+P_gemm excludes the embedding table (a lookup, not a GEMM); the LM head is counted. For a
+mixture of experts P_gemm counts the active parameters and W the dense part plus the experts
+the pass's tokens touch in expectation (`weight_bytes_read`). The peak is
 the dense BF16 rate for 16-bit models, FP8 for 8-bit (fp8, int8) and half the BF16 rate (TF32)
 for float32.
 """
 
 from __future__ import annotations
 
-from model.config.derived import DTYPE_BYTES, kv_bytes_per_token, weight_bytes
+from model.config.derived import (
+    DTYPE_BYTES,
+    active_params,
+    kv_bytes_per_token,
+    weight_bytes,
+    weight_bytes_read,
+)
 from model.config.schema import HardwareConfig, LlmConfig, RooflineTiming
 from model.timing.base import new_tokens
 
@@ -40,7 +48,8 @@ class Roofline:
         self.flops_per_ms = tp_size * peak_tflops * 1e12 * cfg.compute_efficiency / 1e3
         self.bytes_per_ms = tp_size * hw.hbm_bandwidth_tbps * 1e12 * cfg.memory_efficiency / 1e3
         self.weight_bytes = weight_bytes(llm)
-        gemm_params = llm.num_params_b * 1e9 - llm.vocab_size * llm.hidden_size
+        self.llm = llm
+        gemm_params = active_params(llm) - llm.vocab_size * llm.hidden_size
         self.gemm_flops_per_token = 2.0 * gemm_params
         # 2 matmuls (QK^T, PV) x 2 flops per MAC, over every layer's query heads
         self.attn_flops_per_pair = 4.0 * llm.num_layers * llm.num_attention_heads * llm.head_dim
@@ -64,7 +73,7 @@ class Roofline:
         flops = self.gemm_flops_per_token * t + self.attn_flops_per_pair * t * (
             mean_prefix + chunk / 2
         )
-        bytes_ = self.weight_bytes + self.kv_bytes_per_token * n * mean_isl
+        bytes_ = weight_bytes_read(self.llm, t) + self.kv_bytes_per_token * n * mean_isl
         return self._part_ms(flops, bytes_, t, self.cfg.prefill_overhead_ms)
 
     def decode_ms(
@@ -73,5 +82,5 @@ class Roofline:
         if batch <= 0:
             return 0.0
         flops = batch * (self.gemm_flops_per_token + self.attn_flops_per_pair * mean_context)
-        bytes_ = self.weight_bytes + self.kv_bytes_per_token * batch * mean_context
+        bytes_ = weight_bytes_read(self.llm, batch) + self.kv_bytes_per_token * batch * mean_context
         return self._part_ms(flops, bytes_, batch, self.cfg.decode_overhead_ms)

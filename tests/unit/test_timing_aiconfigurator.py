@@ -233,3 +233,10 @@ def test_missing_extra_names_the_install_command(monkeypatch):
     with pytest.raises(ImportError, match=r"pip install -e '\.\[aic\]'") as info:
         AiconfiguratorStepTime(LLAMA8B, "h100_sxm", "vllm")
     assert str(info.value) == MISSING_EXTRA
+
+
+def test_a_moe_model_prices_below_a_dense_one_of_similar_size():
+    """Qwen3-30B-A3B (3.3 B active) decodes one sequence faster than dense Qwen3-32B."""
+    moe = AiconfiguratorStepTime("Qwen/Qwen3-30B-A3B", "h100_sxm", "vllm", bucket_rel_error=0)
+    dense = AiconfiguratorStepTime("Qwen/Qwen3-32B", "h100_sxm", "vllm", bucket_rel_error=0)
+    assert 0 < moe.decode_ms(1, 0, 0, 1024) < dense.decode_ms(1, 0, 0, 1024)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 from tests_support import H100_CFG, LLAMA8B_CFG
@@ -14,6 +15,7 @@ from model.config.errors import ConfigError
 from model.config.schema import HardwareConfig
 from model.timing.calibrated import CalibratedRoofline, calibrated_factors, family_of, lookup
 
+REPO = Path(__file__).resolve().parents[2]
 F = {
     "e_c": 0.5,
     "e_m": 0.8,
@@ -133,3 +135,35 @@ def test_aiconfigurator_without_the_extra_says_how_to_install(config, trace):
     )
     with pytest.raises(ConfigError, match=r"pip install -e '\.\[aic\]'"):
         simulate(cfg)
+
+
+def test_moe_reads_the_dense_part_and_the_experts_its_tokens_touch():
+    """Qwen3-30B-A3B (128 experts, 8 per token, 30.5 B total, 3.3 B active): per expert
+    (30.5 - 3.3) / 120 B; one token reads the dense part and 8 experts, many tokens all."""
+    import yaml
+
+    from model.config.derived import weight_bytes, weight_bytes_read
+    from model.config.schema import LlmConfig
+
+    llm = LlmConfig(**yaml.safe_load((REPO / "conf" / "llm" / "qwen3_30b_a3b.yaml").read_text()))
+    expert = (30.5 - 3.3) / 120
+    dense = 30.5 - 128 * expert
+    assert weight_bytes_read(llm, 1) == pytest.approx((dense + 8 * expert) * 2e9)
+    assert weight_bytes_read(llm, 10_000) == pytest.approx(weight_bytes(llm))
+    m = CalibratedRoofline(llm, H100_CFG, 1, factors=F)
+    dense_twin = CalibratedRoofline(
+        llm.model_copy(
+            update={"num_experts": None, "experts_per_token": None, "active_params_b": None}
+        ),
+        H100_CFG,
+        1,
+        factors=F,
+    )
+    assert m.decode_ms(1, 0, 0, 1000) < dense_twin.decode_ms(1, 0, 0, 1000) / 3
+
+
+def test_moe_fields_come_together(config):
+    with pytest.raises(
+        ConfigError, match="needs num_experts, experts_per_token and active_params_b"
+    ):
+        config(llm={"num_experts": 8})
