@@ -130,13 +130,20 @@ def kv_bound(row: Any) -> bool:
     return row.batch_size * (row.isl + row.osl) * kv_bytes_per_token(llm) > room
 
 
-def fit_group(group: pd.DataFrame, sweeps: int = 8, points: int = 41) -> dict[str, float]:
+def fitted_models(
+    group: pd.DataFrame, factors: dict[str, float]
+) -> list[tuple[CalibratedRoofline, Any]]:
+    """The group's rows the fit uses (not KV-bound), each with its step-time model."""
     models = []
     for row in group.itertuples():
-        if kv_bound(row):
-            continue
-        llm, hw = model_for(row)
-        models.append((CalibratedRoofline(llm, hw, int(row.tp_size), factors=START), row))
+        if not kv_bound(row):
+            llm, hw = model_for(row)
+            models.append((CalibratedRoofline(llm, hw, int(row.tp_size), factors=factors), row))
+    return models
+
+
+def fit_group(group: pd.DataFrame, sweeps: int = 8, points: int = 41) -> dict[str, float]:
+    models = fitted_models(group, START)
     f = dict(START)
     best = score(models, f)
     for _ in range(sweeps):
@@ -174,12 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     groups: dict[str, Any] = {}
     for key, group in sorted(df.groupby("group")):
         f = fit_group(group)
-        models = []
-        for row in group.itertuples():
-            if kv_bound(row):
-                continue
-            llm, hw = model_for(row)
-            models.append((CalibratedRoofline(llm, hw, int(row.tp_size), factors=f), row))
+        models = fitted_models(group, f)
         e_ttft, e_tpot = mape(models)
         groups[str(key)] = {
             "factors": {k: round(v, 6) for k, v in f.items()},

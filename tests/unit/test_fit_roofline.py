@@ -9,18 +9,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from tests_support import CALIBRATED_FACTORS
 
 REPO = Path(__file__).resolve().parents[2]
-F = {
-    "e_c": 0.5,
-    "e_m": 0.8,
-    "e_a": 0.25,
-    "o_p": 4.0,
-    "o_d": 2.0,
-    "o_seq": 0.01,
-    "a_ar": 0.02,
-    "o_req": 30.0,
-}
+F = CALIBRATED_FACTORS
 
 
 def _fit():

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from tests_support import H100_CFG, LLAMA8B_CFG
+from tests_support import CALIBRATED_FACTORS, H100_CFG, LLAMA8B_CFG
 
 from model import simulate
 from model.config.errors import ConfigError
@@ -16,16 +16,7 @@ from model.config.schema import HardwareConfig
 from model.timing.calibrated import CalibratedRoofline, calibrated_factors, family_of, lookup
 
 REPO = Path(__file__).resolve().parents[2]
-F = {
-    "e_c": 0.5,
-    "e_m": 0.8,
-    "e_a": 0.25,
-    "o_p": 4.0,
-    "o_d": 2.0,
-    "o_seq": 0.01,
-    "a_ar": 0.02,
-    "o_req": 30.0,
-}
+F = CALIBRATED_FACTORS
 
 
 def test_decode_is_weights_plus_kv_plus_overheads_on_one_gpu():
