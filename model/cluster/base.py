@@ -50,6 +50,7 @@ class ClusterBase:
         # the timing model's per-request frontend latency (tokenization, API, scheduling)
         # between a request's arrival and its reaching the router; counts in TTFT
         self.frontend_ms = frontend_latency_ms(cfg)
+        self.in_frontend: dict[int, Request] = {}  # arrived, not yet at the router (by idx)
         if self.frontend_ms > 0:
             self.completion_dispatches = True  # a delayed hand-over is an event like any other
 
@@ -148,7 +149,13 @@ class ClusterBase:
         if self.frontend_ms <= 0:
             submit(req)
             return
-        self.env.timeout(self.frontend_ms).callbacks.append(lambda _ev: submit(req))
+        self.in_frontend[req.idx] = req
+
+        def hand_over(_ev: object) -> None:
+            del self.in_frontend[req.idx]
+            submit(req)
+
+        self.env.timeout(self.frontend_ms).callbacks.append(hand_over)
 
     def arrive(self, req: Request) -> None:
         """Stamp an arrival now."""
@@ -179,9 +186,9 @@ class ClusterBase:
         self.end(req.parent or req, REJECTED, reason)
 
     def in_flight(self) -> list[Request]:
-        """Requests dispatched but not ended: those waiting in a router, then worker by worker
-        (running, then waiting)."""
-        out: list[Request] = []
+        """Requests dispatched but not ended: those still in the frontend, those waiting in a
+        router, then worker by worker (running, then waiting)."""
+        out: list[Request] = list(self.in_frontend.values())
         for router in self.routers:
             out.extend(router.waiting())
         for w in self.workers:

@@ -158,3 +158,19 @@ def test_moe_fields_come_together(config):
         ConfigError, match="needs num_experts, experts_per_token and active_params_b"
     ):
         config(llm={"num_experts": 8})
+
+
+def test_a_request_still_in_the_frontend_at_the_stop_ends_incomplete(config, trace, tmp_path):
+    """Arrived at 0, held 30 ms by the frontend, the run stopped at 10 ms: it is in flight
+    (incomplete, 'in flight at max_virtual_time_ms'), not lost."""
+    rows = [{"timestamp": 0, "input_length": 512, "output_length": 4, "hash_ids": [1]}]
+    path = tmp_path / "f.json"
+    path.write_text(json.dumps({"groups": {"hopper/bf16": {"factors": F}}}))
+    cfg = config(
+        workload={"kind": "mooncake", "path": trace(rows), "trace_block_size": 512},
+        timing={"kind": "calibrated_roofline", "factors_path": str(path)},
+        stop={"max_virtual_time_ms": 10.0},
+    )
+    req = simulate(cfg).requests
+    assert list(req.terminal_status) == ["incomplete"]
+    assert list(req.reason) == ["in flight at max_virtual_time_ms"]
