@@ -22,6 +22,12 @@ lengths i = 0.9 isl and o = 0.9 osl (uniform 80-100 %), context c = i + o / 2:
     TTFT             0.9 steady + 0.1 first wave + o_req  (B of the 10 B requests start
                      together; o_req the frontend latency)
 
+With `--refine` the attention and GEMM efficiencies and the frontend latency (`e_a`, `e_c`,
+`o_req`) of each group are then
+re-chosen on small grids around the estimate's values by running the simulator itself on the
+group's rows (`refine_group`, a few minutes), since the estimate misses how often prefills
+enter decode passes when outputs are short.
+
 Rows whose requests cannot all hold their KV at once (`kv_bound`) are left out of the search:
 they queue for KV, which the estimate does not model (the simulator does). The output is the
 factors table with, per group, its rows and the estimate's own MAPE on the fitted rows.
@@ -33,6 +39,7 @@ import argparse
 import hashlib
 import json
 import math
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -43,7 +50,14 @@ import pandas as pd
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiments/ is not a package
-from accuracy import MODELS, PRECISIONS, SYSTEMS, kv_dtype_for  # noqa: E402  (one set of maps)
+from accuracy import (  # noqa: E402  (one set of maps and one way to run a point)
+    MODELS,
+    PRECISIONS,
+    SYSTEMS,
+    kv_dtype_for,
+    plan,
+    run_points,
+)
 
 from model.config.derived import kv_bytes_per_token, weight_bytes
 from model.config.schema import HardwareConfig, LlmConfig
@@ -166,12 +180,65 @@ def mape(models: list[tuple[CalibratedRoofline, Any]]) -> tuple[float, float]:
     return 100 * float(np.mean(ttft)), 100 * float(np.mean(tpot))
 
 
+# the simulator-checked refinement: these factors, on these grids (x the estimate's value)
+REFINE_GRID = {"e_a": (0.5, 1.0, 2.5), "e_c": (0.8, 1.0, 1.25), "o_req": (0.5, 1.0, 1.5)}
+
+
+def refine_group(
+    group: pd.DataFrame, table: dict[str, Any], key: str, out: Path, jobs: int
+) -> tuple[float, float]:
+    """Re-choose REFINE_GRID's factors of group `key` by running the simulator itself on the
+    group's rows (experiments/accuracy.py's points), one factor at a time, keeping the value
+    with the lowest TTFT + TPOT MAPE. Writes `out` after each trial; returns the final MAPEs."""
+    points, _ = plan(group.drop(columns=["group"]))
+    factors = table["groups"][key]["factors"]
+
+    def measure(trial: dict[str, float]) -> tuple[float, float]:
+        table["groups"][key]["factors"] = trial
+        out.write_text(json.dumps(table, indent=1) + "\n")
+        recs = [
+            r
+            for r in run_points(
+                points, "calibrated_roofline", [f"timing.factors_path={out}"], jobs=jobs
+            )
+            if r["status"] == "ok"
+        ]
+        ttft = 100 * float(np.mean([abs(r["ttft_rel_error"]) for r in recs]))
+        tpot = 100 * float(np.mean([abs(r["tpot_rel_error"]) for r in recs]))
+        return ttft, tpot
+
+    best = dict(factors)
+    best_err = measure(best)
+    for name, scales in REFINE_GRID.items():
+        base = best[name]
+        for scale in scales:
+            if scale == 1.0:
+                continue
+            lo, hi = BOUNDS[name]
+            trial = {**best, name: min(hi, max(lo, base * scale))}
+            err = measure(trial)
+            print(f"  {key} {name}={trial[name]:.4f}: TTFT {err[0]:.1f}% TPOT {err[1]:.1f}%")
+            if sum(err) < sum(best_err):
+                best, best_err = trial, err
+    table["groups"][key]["factors"] = {k: round(v, 6) for k, v in best.items()}
+    table["groups"][key]["simulator_mape_ttft_pct"] = round(best_err[0], 2)
+    table["groups"][key]["simulator_mape_tpot_pct"] = round(best_err[1], 2)
+    out.write_text(json.dumps(table, indent=1) + "\n")
+    return best_err
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--silicon", type=Path, required=True)
     ap.add_argument("--backend", default="vllm")
     ap.add_argument("--mode", default="agg")
     ap.add_argument("--out", type=Path, default=FACTORS_PATH)
+    ap.add_argument(
+        "--refine",
+        action="store_true",
+        help="then re-choose e_a, e_c and o_req per group with the simulator itself (minutes)",
+    )
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     args = ap.parse_args(argv)
     if not args.silicon.is_file():
         print(f"fit_roofline: {args.silicon} does not exist", file=sys.stderr)
@@ -204,6 +271,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "groups": groups,
     }
     args.out.write_text(json.dumps(table, indent=1) + "\n")
+    if args.refine:
+        for key, group in sorted(df.groupby("group")):
+            ttft, tpot = refine_group(group, table, str(key), args.out, args.jobs)
+            print(f"{key}: simulator MAPE TTFT {ttft:.1f}% TPOT {tpot:.1f}% after refinement")
     print(f"wrote {args.out}")
     return 0
 
