@@ -114,7 +114,13 @@ def frontend_latency_ms(cfg: RunConfig) -> float:
     t = cfg.timing
     if not isinstance(t, CalibratedRooflineTiming):
         return 0.0
-    return calibrated_factors(cfg.llm, cfg.hardware, t.factors_path)[0].get("o_req", 0.0)
+    try:
+        return calibrated_factors(cfg.llm, cfg.hardware, t.factors_path)[0].get("o_req", 0.0)
+    except (OSError, ValueError, KeyError) as e:
+        raise ConfigError(
+            f"timing.factors_path: cannot read the calibrated roofline's factors "
+            f"({type(e).__name__}: {e}); expected a JSON object with a `groups` table"
+        ) from None
 
 
 __all__ = ["StepTime", "build_step_time", "frontend_latency_ms"]

@@ -174,3 +174,13 @@ def test_a_request_still_in_the_frontend_at_the_stop_ends_incomplete(config, tra
     req = simulate(cfg).requests
     assert list(req.terminal_status) == ["incomplete"]
     assert list(req.reason) == ["in flight at max_virtual_time_ms"]
+
+
+def test_a_missing_factors_file_is_a_config_error(config, trace, tmp_path):
+    rows = [{"timestamp": 0, "input_length": 64, "output_length": 2, "hash_ids": [1]}]
+    cfg = config(
+        workload={"kind": "mooncake", "path": trace(rows), "trace_block_size": 64},
+        timing={"kind": "calibrated_roofline", "factors_path": str(tmp_path / "nope.json")},
+    )
+    with pytest.raises(ConfigError, match="timing.factors_path: cannot read"):
+        simulate(cfg)
