@@ -271,9 +271,8 @@ class AgenticReplay:
         if self.prep_failure is not None:
             self.phase = "aborted"
             self._open = False
-            if self.finished is None:
-                self.finished = self.env.event()
-            self.finished.succeed()
+            if self.finished is not None:  # a profile's run waits for it
+                self.finished.succeed()
             return
         assert not self.cluster.n_in_flight, "preparation ended, yet the cluster holds requests"
         self.barrier_ms = self.env.now
@@ -397,7 +396,7 @@ class AgenticReplay:
         """The run is over: unsettled plays become incomplete, and every live node that was
         never dispatched is recorded as an incomplete request naming why."""
         for run in list(self.active):
-            run.stop(now_ms)
+            run.stop()
         for run in self.runs:
             for nr in run.nodes:
                 if nr.req is not None:

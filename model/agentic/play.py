@@ -189,17 +189,10 @@ class PlayRun:
         self.settled.succeed(status)
         self.replay.play_settled(self)
 
-    def stop(self, now_ms: float) -> None:
-        """The replay ended with this play unsettled: it is incomplete."""
-        if self.settled.triggered:
-            return
-        self.status = INCOMPLETE_PLAY
-        self.settled_at_ms = now_ms
-        for nr in self.nodes:
-            if nr.state in ("waiting", "timer", "ready"):
-                nr.state = "skipped"
-        self.settled.succeed(INCOMPLETE_PLAY)
-        self.replay.play_settled(self)
+    def stop(self) -> None:
+        """The replay ended (now) with this play unsettled: it is incomplete."""
+        if not self.settled.triggered:
+            self._settle(INCOMPLETE_PLAY)
 
     # ------------------------------------------------------------------ idle shifts
 
@@ -220,6 +213,13 @@ class PlayRun:
         return len(timers)
 
     # ------------------------------------------------------------------ record
+
+    @property
+    def causal_terminal_ms(self) -> float:
+        """The failing terminal of a failed play, else its last terminal (NaN: none)."""
+        if self.failure is not None:
+            return self.failure[0]
+        return self.last_terminal_ms if math.isfinite(self.last_terminal_ms) else math.nan
 
     def record(self) -> dict[str, Any]:
         states = [nr.state for nr in self.nodes]
@@ -249,5 +249,5 @@ class PlayRun:
             "reused_input_tokens": sum(r.reused_input_tokens for r in reqs),
             "failure_request_id": f[2] if f else None,
             "failure_reason": f[3] if f else None,
-            "causal_terminal_ms": f[0] if f else (self.last_terminal_ms if reqs else math.nan),
+            "causal_terminal_ms": self.causal_terminal_ms,
         }

@@ -78,7 +78,7 @@ def metadata(replay: AgenticReplay, target_model: str, requests: pd.DataFrame) -
             {
                 "play_id": run.instance_id,
                 "status": run.status,
-                "causal_terminal_ms": _num(run.record()["causal_terminal_ms"]),
+                "causal_terminal_ms": _num(run.causal_terminal_ms),
                 "settled_at_ms": _num(run.settled_at_ms),
                 "failure_request_id": run.failure[2] if run.failure else None,
                 "failure_status": run.failure_status,

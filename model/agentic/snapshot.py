@@ -47,6 +47,7 @@ class PlayPlan:
     historical: tuple[Node, ...] = ()
     primers: tuple[Node, ...] = ()
     t_star_ms: float | None = None
+    starts: dict[str, float] | None = None  # recorded starts (snapshots), by request id
 
 
 def graph_digest(graph: AgenticGraph) -> str:
@@ -168,7 +169,7 @@ def snapshot_plan(
         if past:
             primers.append(max(past, key=lambda n: (starts[n.request_id], n.line)))
     hist_nodes = tuple(n for n in play.nodes if n.request_id in historical)
-    return PlayPlan(play, tuple(live), hist_nodes, tuple(primers), t_star)
+    return PlayPlan(play, tuple(live), hist_nodes, tuple(primers), t_star, starts)
 
 
 def snapshot_record(
@@ -176,7 +177,7 @@ def snapshot_record(
 ) -> dict[str, Any]:
     """The `agentic_snapshots` entry of one cut play instance."""
     play = plan.play
-    starts = recorded_starts(play)
+    starts = plan.starts if plan.starts is not None else recorded_starts(play)
     live = {ln.node.request_id: ln for ln in plan.live}
     requests = []
     for n in play.nodes:

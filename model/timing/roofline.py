@@ -26,7 +26,6 @@ from model.config.derived import (
     DTYPE_BYTES,
     active_params,
     kv_bytes_per_token,
-    weight_bytes,
     weight_bytes_read,
 )
 from model.config.schema import HardwareConfig, LlmConfig, RooflineTiming
@@ -47,7 +46,6 @@ class Roofline:
             peak_tflops = hw.bf16_tflops
         self.flops_per_ms = tp_size * peak_tflops * 1e12 * cfg.compute_efficiency / 1e3
         self.bytes_per_ms = tp_size * hw.hbm_bandwidth_tbps * 1e12 * cfg.memory_efficiency / 1e3
-        self.weight_bytes = weight_bytes(llm)
         self.llm = llm
         gemm_params = active_params(llm) - llm.vocab_size * llm.hidden_size
         self.gemm_flops_per_token = 2.0 * gemm_params
