@@ -90,6 +90,23 @@ def trace(tmp_path: Path) -> Callable[[list[dict[str, Any]]], str]:
     return write
 
 
+@pytest.fixture
+def one_request_agentic_file(tmp_path: Path) -> Path:
+    """An agentic Mooncake v2 file: its header and one play of one request."""
+    header = {"schema": "dynamo.agentic_mooncake", "version": 2, "block_size": 64}
+    row = {
+        "request_id": "r0",
+        "play_id": "p",
+        "session_id": "s",
+        "model": "m",
+        "input_length": 64,
+        "output_length": 2,
+        "hash_ids": [1],
+        "not_before_ms": 0,
+    }
+    return write_jsonl(tmp_path / "agentic.jsonl", [header, row])
+
+
 @cache
 def compare_dynamo_module() -> ModuleType:
     """experiments/compare_dynamo.py, imported as a module (experiments/ is not a package)."""

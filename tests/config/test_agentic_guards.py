@@ -3,32 +3,17 @@ every topology."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from model.config.load import ConfigError
 
-HEADER = {"schema": "dynamo.agentic_mooncake", "version": 2, "block_size": 64}
-ROW = {
-    "request_id": "r0",
-    "play_id": "p",
-    "session_id": "s",
-    "model": "m",
-    "input_length": 64,
-    "output_length": 2,
-    "hash_ids": [1],
-    "not_before_ms": 0,
-}
 G2 = {"host_offload": {"num_host_blocks": 1000}}
 G3 = {"host_offload": {"num_host_blocks": 1000}, "disk": {"num_g3_blocks": 1000}}
 
 
 @pytest.fixture
-def agentic(tmp_path):
-    path = tmp_path / "agentic.jsonl"
-    path.write_text(json.dumps(HEADER) + "\n" + json.dumps(ROW) + "\n")
-    return {"kind": "agentic_mooncake", "path": str(path), "agentic_lanes": 1}
+def agentic(one_request_agentic_file):
+    return {"kind": "agentic_mooncake", "path": str(one_request_agentic_file), "agentic_lanes": 1}
 
 
 def disagg(p, d, dp=1):

@@ -3,31 +3,17 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 from pathlib import Path
 
 import pytest
 from conftest import compare_dynamo_module
 
 REPO = Path(__file__).resolve().parents[2]
-HEADER = {"schema": "dynamo.agentic_mooncake", "version": 2, "block_size": 64}
-ROW = {
-    "request_id": "r0",
-    "play_id": "p",
-    "session_id": "s",
-    "model": "m",
-    "input_length": 64,
-    "output_length": 2,
-    "hash_ids": [1],
-    "not_before_ms": 0,
-}
 
 
 @pytest.fixture
-def trace(tmp_path):
-    path = tmp_path / "agentic.jsonl"
-    path.write_text(json.dumps(HEADER) + "\n" + json.dumps(ROW) + "\n")
-    return path
+def trace(one_request_agentic_file):
+    return one_request_agentic_file
 
 
 def test_lanes_and_execution_model_reach_the_mocker(trace):
