@@ -85,6 +85,21 @@ class Batch:
         self.rejected: list[tuple[Request, str]] = []
 
 
+class Stretch:
+    """Decode passes applied at once: their end times, the decoding sequences, the pool's
+    active blocks before them; the pool levels after each pass that allocated, as (pass,
+    active, cached); the pass of each KV event the stretch buffered, in order."""
+
+    __slots__ = ("ends", "n_decode", "active_before", "levels", "event_passes")
+
+    def __init__(self, ends: list[float], n_decode: int, active_before: int) -> None:
+        self.ends = ends
+        self.n_decode = n_decode
+        self.active_before = active_before
+        self.levels: list[tuple[int, int, int]] = []
+        self.event_passes: list[int] = []
+
+
 class VllmScheduler:
     """Waiting queue, running list and G1 pool of one rank; decisions per pass."""
 
@@ -211,22 +226,23 @@ class VllmScheduler:
 
     # ------------------------------------------------------------------ one pass
 
-    def decode_stretch(
-        self, start_ms: float, horizon_ms: float, decode_ms: Callable[[int, int], float]
-    ) -> tuple[list[float], list[tuple[int, int]]]:
-        """Fast-forward passes that only decode and change nothing but counters.
+    def decode_stretch(self, decode_ends: Callable[[int, int, int], list[float]]) -> Stretch | None:
+        """Fast-forward passes that only decode and change nothing but counters and blocks.
 
         When nothing waits and every running request is one decode token short, the next
-        passes are all alike until a request completes or needs a new block: each computes one
-        token per request and lasts `decode_ms(n, sum of sequence lengths)`. This applies as
-        many of them as end before `horizon_ms` (none of them the completing or allocating
-        pass), exactly as pass-by-pass scheduling would. Returns the passes' end times and the
-        blocks that became full, as (pass index, content hash), in the order they registered.
+        passes are all alike until a request completes or an allocation fails: each computes
+        one token per request and lasts the decode time of `n` sequences whose lengths sum to
+        one more token each pass. `decode_ends(n, sum of sequence lengths, k)` gives the end
+        times of up to `k` such passes, as many as end before the worker's horizon. This
+        applies them exactly as pass-by-pass scheduling would: the completing pass, and the
+        pass whose block allocation would fail (a preemption), are left to `schedule`; blocks a
+        pass needs are allocated in running order (evicting cached blocks as it would), blocks
+        that become full are registered. Returns None when no pass qualifies.
         """
         running = self.running
         n = len(running)
         if self.waiting or self.loaded or n == 0 or n > self.cfg.max_num_batched_tokens:
-            return [], []
+            return None
         bs = self.block_size
         max_len = self.cfg.max_model_len
         k_max = 1 << 62
@@ -236,30 +252,37 @@ class VllmScheduler:
             p = r.input_length
             seq = p + r.num_output_tokens
             if c < p or seq - c != 1:
-                return [], []
-            # passes before the one that emits its last token, or that needs a new block
-            k_max = min(
-                k_max,
-                r.output_length - r.num_output_tokens - 1,
-                (len(r.held_hashes) + r.held_private_blocks) * bs - c,
-            )
+                return None
+            # passes before the one that emits its last token
+            k_max = min(k_max, r.output_length - r.num_output_tokens - 1)
             if max_len is not None:
                 k_max = min(k_max, max_len - seq - 1)
             sum_ctx += seq
-        ends: list[float] = []
-        t = start_ms
-        while len(ends) < k_max:
-            end = t + decode_ms(n, sum_ctx)
-            if end >= horizon_ms:
-                break
-            ends.append(end)
-            t = end
-            sum_ctx += n
+        if k_max <= 0:
+            return None
+        pool = self.pool
+        # the block allocations those passes make, as (pass, running order): a request needs
+        # a fresh block when its next token starts one
+        allocs: list[tuple[int, int]] = []
+        for order, r in enumerate(running):
+            i = (len(r.held_hashes) + r.held_private_blocks) * bs - r.num_computed_tokens
+            while i < k_max:
+                allocs.append((i, order))
+                i += bs
+        if len(allocs) > pool.free_blocks:
+            allocs.sort()
+            # nothing frees a block during the stretch: the first allocation past the free
+            # blocks would fail, and its pass preempts
+            k_max = allocs[pool.free_blocks][0]
+            if k_max == 0:
+                return None
+        ends = decode_ends(n, sum_ctx, k_max)
         k = len(ends)
         if k == 0:
-            return ends, []
-        crossings: list[tuple[int, int, Request, int]] = []
-        caching = self.pool.enable_caching
+            return None
+        stretch = Stretch(ends, n, pool.n_active)
+        caching = pool.enable_caching
+        ops: list[tuple[int, int, int, int]] = [(i, order, 0, 0) for i, order in allocs if i < k]
         for order, r in enumerate(running):
             c0 = r.num_computed_tokens
             r.num_computed_tokens = c0 + k
@@ -270,18 +293,31 @@ class VllmScheduler:
             r.last_token_ms = ends[-1]
             times = r.token_times_ms
             if times is not None:
-                times.extend(ends)
+                times.fromlist(ends)
             if caching:
+                # block j is full once the pass computing its last token ends
                 for j in range(c0 // bs, (c0 + k) // bs):
-                    crossings.append(((j + 1) * bs - c0 - 1, order, r, j))
-        registered = []
-        if crossings:
-            crossings.sort(key=lambda x: (x[0], x[1]))
-            for i, _order, r, j in crossings:
-                h = self._block_hash(r, j)
-                self.pool.register(r, h)
-                registered.append((i, h))
-        return ends, registered
+                    ops.append(((j + 1) * bs - c0 - 1, order, 1, j))
+        if ops:
+            ops.sort()
+            events = pool.pending_events
+            seen = len(events)
+            levels = stretch.levels
+            passes = stretch.event_passes
+            for i, order, kind, j in ops:
+                r = running[order]
+                if kind == 0:
+                    pool.allocate(r, 1)  # fits: counted against the free blocks above
+                    if levels and levels[-1][0] == i:
+                        levels.pop()
+                    levels.append((i, pool.n_active, pool.n_cached))
+                else:
+                    pool.register(r, self._block_hash(r, j))
+                events = pool.pending_events
+                if len(events) > seen:
+                    passes.extend([i] * (len(events) - seen))
+                    seen = len(events)
+        return stretch
 
     def schedule(self, now_ms: float) -> Batch:
         """Form the batch of a pass starting at `now_ms` (allocating its KV blocks)."""

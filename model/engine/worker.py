@@ -22,16 +22,23 @@ equals the pass-by-pass loop's, with one SimPy event per chain instead of two pe
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Generator
+from functools import partial
 
+import numpy as np
 import simpy
 
 from model.clock import PASS_END, PASS_START, PREFILL_NEXT_PASS, at_time
-from model.engine.vllm import Batch, VllmScheduler
+from model.engine.vllm import Batch, Stretch, VllmScheduler
 from model.kv.block_pool import BlockPool
 from model.metrics.recorder import Recorder
-from model.timing.base import StepTime, whole_ns
+from model.timing.base import StepTime, whole_ns, whole_ns_array
 from model.workload.request import Request
+
+# fast-forward prices stretches of at least this many passes in bulk (numpy), in chunks
+# growing from this size; shorter ones pass by pass
+VECTOR_MIN_PASSES = 16
 
 
 class Rank:
@@ -80,6 +87,8 @@ class Worker:
         self.step_time = step_time
         # a timing model that prices a mixed pass as one (weights read once) offers mixed_ms
         self.mixed_ms = getattr(step_time, "mixed_ms", None)
+        # a timing model that prices many decode passes at once offers decode_ms_array
+        self.decode_ms_array = getattr(step_time, "decode_ms_array", None)
         self.recorder = recorder
         self.on_complete = on_complete
         self.on_reject = on_reject
@@ -190,10 +199,10 @@ class Worker:
                     self.pass_end_pending is not None and self.pass_end_pending(self)
                 )
                 if single is not None and chain:
-                    ends, registered = single.decode_stretch(t, horizon, self._decode_only_ms)
-                    if ends:
-                        self._record_stretch(t, ends, registered)
-                        t = ends[-1]
+                    stretch = single.decode_stretch(partial(self._decode_ends, t, horizon))
+                    if stretch is not None:
+                        self._record_stretch(t, stretch)
+                        t = stretch.ends[-1]
                 batches = [r.scheduler.schedule(t) for r in ranks]
                 if not any(b.items for b in batches):
                     if not any(b.rejected or b.n_preempted for b in batches):
@@ -263,25 +272,71 @@ class Worker:
         """The decode part of a pass of `n` sequences holding `sum_ctx` tokens."""
         return whole_ns(self.step_time.decode_ms(n, sum_ctx, self.total_kv_tokens, sum_ctx // n))
 
-    def _record_stretch(
-        self, start: float, ends: list[float], registered: list[tuple[int, int]]
-    ) -> None:
-        """Record fast-forwarded decode passes as the pass-by-pass loop would have."""
-        rank = self.ranks[0]
-        n = len(rank.scheduler.running)
-        active = rank.pool.n_active
-        pass_done = self.recorder.pass_done
+    def _decode_ends(
+        self, start: float, horizon: float, n: int, sum_ctx: int, k_max: int
+    ) -> list[float]:
+        """End times of up to `k_max` back-to-back decode passes of `n` sequences from `start`
+        (their lengths summing to `sum_ctx`, one token more each pass), as many as end before
+        `horizon`. Each pass is priced and added as the pass-by-pass loop does; a timing model
+        that prices many passes at once (`decode_ms_array`) gives the same floats in bulk."""
+        ends: list[float] = []
         t = start
-        for end in ends:
-            pass_done(self.idx, 0, t, end, 0, 0, n, active, 0, self.role)
-            t = end
+        if self.decode_ms_array is None or k_max < VECTOR_MIN_PASSES:
+            price = self._decode_only_ms
+            while len(ends) < k_max:
+                end = t + price(n, sum_ctx)
+                if end >= horizon:
+                    break
+                ends.append(end)
+                t = end
+                sum_ctx += n
+            return ends
+        chunk = VECTOR_MIN_PASSES
+        while len(ends) < k_max:
+            m = min(chunk, k_max - len(ends))
+            ctx = sum_ctx + n * np.arange(m, dtype=np.int64)
+            ms = self.decode_ms_array(n, ctx, self.total_kv_tokens, ctx // n)
+            # sequential sums, as `t = t + d` pass after pass
+            stamps = np.cumsum(np.concatenate(((t,), whole_ns_array(ms))))[1:]
+            keep = int(np.searchsorted(stamps, horizon, "left"))  # those ending before it
+            ends.extend(stamps[:keep].tolist())
+            if keep < m:
+                break
+            t = ends[-1]
+            sum_ctx += n * m
+            chunk *= 4
+        return ends
+
+    def _record_stretch(self, start: float, stretch: Stretch) -> None:
+        """Record fast-forwarded decode passes as the pass-by-pass loop would have: each pass,
+        the pool level at the start of each pass that allocated, the KV events at their pass
+        ends."""
+        rank = self.ranks[0]
+        ends = stretch.ends
+        starts = [start]
+        starts.extend(ends[:-1])
+        levels = stretch.levels
+        if levels:
+            active = array("q")
+            level = stretch.active_before
+            at = 0
+            for i, used, cached in levels:
+                active.extend(array("q", (level,)) * (i - at))
+                level, at = used, i
+                if (used, cached) != rank.kv_level:
+                    rank.kv_level = (used, cached)
+                    self.recorder.kv_level(
+                        starts[i], rank.name, "device", used, cached, self.idx, 0
+                    )
+            active.extend(array("q", (level,)) * (len(ends) - at))
+        else:
+            active = array("q", (stretch.active_before,)) * len(ends)
+        self.recorder.pass_stretch(self.idx, starts, ends, stretch.n_decode, active, self.role)
         if rank.pool.pending_events:
             events = rank.pool.take_events()
-            for (i, h), (kind, h2) in zip(registered, events, strict=True):
-                assert h == h2
-                self.recorder.kv_event(
-                    ends[i], rank.name, self.idx, 0, kind, "device", h, self.order
-                )
+            kv_event = self.recorder.kv_event
+            for i, (kind, h) in zip(stretch.event_passes, events, strict=True):
+                kv_event(ends[i], rank.name, self.idx, 0, kind, "device", h, self.order)
 
     def _finish(self, batches: list[Batch], start: float, end: float) -> list[Request]:
         """Apply a pass at its end time: stamp tokens, release finished requests' blocks,

@@ -10,6 +10,8 @@ from array import array
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from model.workload.request import Request
 
 REQUEST_COLUMNS = (
@@ -168,11 +170,8 @@ class Recorder:
         e2e = req.last_token_ms - req.arrival_ms if n else NAN
         times = req.token_times_ms
         if status == COMPLETED and times is not None and len(times) >= 2:
-            prev = times[0]
-            gaps = self.itl_gaps_ms
-            for t in times[1:]:
-                gaps.append(t - prev)
-                prev = t
+            stamps = np.frombuffer(times, dtype=float)
+            self.itl_gaps_ms.frombytes((stamps[1:] - stamps[:-1]).tobytes())
         if self.per_token and times is not None:
             self.token_times[req.request_id] = times
         req.token_times_ms = None
@@ -253,6 +252,33 @@ class Recorder:
         a_kv(kv_used_blocks)
         a_pre(preemptions)
         a_role(ROLES.index(role))
+
+    def pass_stretch(
+        self,
+        worker: int,
+        starts: list[float],
+        ends: list[float],
+        decode_seqs: int,
+        kv_used_blocks: array,
+        role: str,
+    ) -> None:
+        """`pass_done` for decode-only passes of rank 0 applied at once (decode
+        fast-forward): `decode_seqs` sequences each, `kv_used_blocks` per pass."""
+        k = len(ends)
+        if ends[-1] > self.last_event_ms:
+            self.last_event_ms = ends[-1]
+        p = self.passes
+        zeros = array("i", (0,)) * k
+        p["worker"].extend(array("i", (worker,)) * k)
+        p["dp_rank"].extend(zeros)
+        p["start_ms"].fromlist(starts)
+        p["end_ms"].fromlist(ends)
+        p["prefill_tokens"].extend(array("q", (0,)) * k)
+        p["prefill_seqs"].extend(zeros)
+        p["decode_seqs"].extend(array("i", (decode_seqs,)) * k)
+        p["kv_used_blocks"].extend(kv_used_blocks)
+        p["preemptions"].extend(zeros)
+        p["role"].extend(array("b", (ROLES.index(role),)) * k)
 
     def kv_level(
         self,

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import numpy as np
+
 
 class StepTime(Protocol):
     def prefill_ms(self, n: int, mean_isl: int, mean_prefix: int) -> float: ...
@@ -24,6 +26,21 @@ def whole_ns(ms: float) -> float:
     """`ms` kept in whole nanoseconds, rounded the way the mocker stores a duration: seconds
     (ms / 1000) rounded to the nanosecond."""
     return round(round(ms / 1000.0, 9) * 1e9) / 1e6
+
+
+def whole_ns_array(ms: np.ndarray) -> np.ndarray:
+    """`whole_ns` of every element, equal to it to the last bit.
+
+    The float product (ms / 1000) x 1e9 rounds to the same integer as the exact one except
+    where it lies within rounding error of a half nanosecond; those elements take the scalar
+    rounding."""
+    p = (ms / 1000.0) * 1e9
+    out = np.rint(p) / 1e6
+    near = np.abs(np.abs(p - np.floor(p)) - 0.5) <= 4.0 * np.spacing(p)
+    if near.any():
+        for i in np.flatnonzero(near):
+            out[i] = whole_ns(float(ms[i]))
+    return out
 
 
 def new_tokens(n: int, mean_isl: int, mean_prefix: int) -> int:
@@ -44,11 +61,23 @@ class Scaled:
         self.decode_div = decode if decode > 0 else 1.0
         # a model that prices mixed passes as one (a pass is then scaled by the prefill ratio)
         self.mixed_ms = self._mixed if hasattr(inner, "mixed_ms") else None
+        # a model that prices many decode passes at once (decode fast-forward uses it)
+        self.decode_ms_array = self._decode_array if hasattr(inner, "decode_ms_array") else None
 
     def _mixed(
         self, n: int, mean_isl: int, mean_prefix: int, batch: int, mean_context: int
     ) -> float:
         return self.inner.mixed_ms(n, mean_isl, mean_prefix, batch, mean_context) / self.prefill_div  # type: ignore[attr-defined]
+
+    def _decode_array(
+        self,
+        batch: int,
+        active_kv_tokens: np.ndarray,
+        total_kv_tokens: int,
+        mean_context: np.ndarray,
+    ) -> np.ndarray:
+        inner = self.inner.decode_ms_array  # type: ignore[attr-defined]
+        return inner(batch, active_kv_tokens, total_kv_tokens, mean_context) / self.decode_div
 
     def prefill_ms(self, n: int, mean_isl: int, mean_prefix: int) -> float:
         return self.inner.prefill_ms(n, mean_isl, mean_prefix) / self.prefill_div

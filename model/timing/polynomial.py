@@ -8,6 +8,8 @@ Decode time does not depend on the batch size; that is the mocker's (uncalibrate
 
 from __future__ import annotations
 
+import numpy as np
+
 from model.config.schema import PolynomialTiming
 from model.timing.base import new_tokens
 
@@ -32,3 +34,21 @@ class Polynomial:
         c = self.cfg
         # a' (u u), in that order, as the mocker evaluates it (to the last bit)
         return max(c.decode_floor_ms, c.decode_a * (u * u) + c.decode_b * u + c.decode_c)
+
+    def decode_ms_array(
+        self,
+        batch: int,
+        active_kv_tokens: np.ndarray,
+        total_kv_tokens: int,
+        mean_context: np.ndarray,
+    ) -> np.ndarray:
+        """`decode_ms` for many passes of `batch` sequences at once (the same floats: the
+        same operations in the same order)."""
+        if batch <= 0:
+            return np.zeros(len(active_kv_tokens))
+        if total_kv_tokens > 0:
+            u = np.minimum(1.0, active_kv_tokens / total_kv_tokens)
+        else:
+            u = np.ones(len(active_kv_tokens))
+        c = self.cfg
+        return np.maximum(c.decode_floor_ms, c.decode_a * (u * u) + c.decode_b * u + c.decode_c)
