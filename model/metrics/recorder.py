@@ -130,7 +130,9 @@ class Recorder:
         self.kv_listeners: list[Callable[[float, str, str, int], None]] = []
         self.routing: list[tuple] = []
         self.requests: list[tuple] = []
-        self.passes = {name: array(code) for name, code in PASS_COLUMNS.items()}
+        self.passes: dict[str, array[Any]] = {
+            name: array(code) for name, code in PASS_COLUMNS.items()
+        }
         p = self.passes
         self._pass_appends: tuple[Callable[[Any], None], ...] = (
             p["worker"].append,
