@@ -49,13 +49,12 @@ def requests_table(rec: Recorder) -> pd.DataFrame:
 def passes_table(rec: Recorder) -> pd.DataFrame:
     """One row per engine pass, ordered by end time then worker (fast-forwarded workers
     record ahead of the event loop)."""
-    df = pd.DataFrame(
-        {name: np.frombuffer(col, dtype=col.typecode) for name, col in rec.passes.items()},
-        copy=True,
-    )
-    df = df.sort_values(["end_ms", "role", "worker", "dp_rank"], kind="stable")
+    cols = {name: np.frombuffer(col, dtype=col.typecode) for name, col in rec.passes.items()}
+    # a stable sort by end time, then role, worker, rank (np.lexsort: last key first)
+    order = np.lexsort((cols["dp_rank"], cols["worker"], cols["role"], cols["end_ms"]))
+    df = pd.DataFrame({name: col[order] for name, col in cols.items()})
     df["role"] = np.array(ROLES)[df["role"].to_numpy()]
-    return df.reset_index(drop=True)
+    return df
 
 
 def kv_table(rec: Recorder) -> pd.DataFrame:
