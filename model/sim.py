@@ -49,7 +49,13 @@ from model.metrics.tables import (
     transfers_table,
 )
 from model.workload.agentic import AgenticGraph
-from model.workload.build import build_workload, read_source
+from model.workload.build import (
+    StreamedWorkload,
+    Workload,
+    build_workload,
+    read_source,
+    stream_workload,
+)
 from model.workload.drivers import closed_loop, open_loop
 from model.workload.hashing import BlockHasher
 
@@ -210,7 +216,7 @@ def pool_sizes(cfg: RunConfig) -> dict[str, int]:
 def _run(
     env: simpy.Environment,
     cluster: ClusterBase,
-    total: int,
+    total: int | None,
     cfg: RunConfig,
     finished: simpy.Event | None = None,
 ) -> None:
@@ -273,7 +279,7 @@ def simulate(cfg: RunConfig) -> Result:
     cluster = cluster_type(env, cfg, hasher, recorder, streams["router"])
     load = cfg.load
     replay: AgenticReplay | None = None
-    workload = None
+    workload: Workload | StreamedWorkload | None = None
     if graph is not None:
         assert isinstance(cfg.workload, AgenticOptions) and isinstance(load, TraceLoad)
         replay = AgenticReplay(
@@ -283,17 +289,27 @@ def simulate(cfg: RunConfig) -> Result:
         _run(env, cluster, len(graph.nodes), cfg, replay.finished)
     else:
         rows = source if isinstance(source, list) else None
-        workload = build_workload(cfg.workload, cfg.load, hasher, streams, rows)
-        if isinstance(load, ConcurrencyLoad):
-            closed_loop(env, workload.sessions, cluster.dispatch, load.concurrency)
-        else:
-            cluster.completion_dispatches = cluster_type is DisaggCluster or any(
-                len(s) > 1 for s in workload.sessions
-            )
+        streamed = (
+            None if rows is not None else stream_workload(cfg.workload, load, hasher, streams)
+        )
+        if streamed is not None:  # single requests read as their arrivals come
+            workload = streamed
+            cluster.completion_dispatches = cluster_type is DisaggCluster
             env.process(
-                open_loop(env, workload.sessions, cluster.dispatch, cluster.announce_arrival)
+                open_loop(env, streamed.sessions, cluster.dispatch, cluster.announce_arrival)
             )
-        _run(env, cluster, workload.num_requests, cfg)
+        else:
+            workload = build_workload(cfg.workload, cfg.load, hasher, streams, rows)
+            if isinstance(load, ConcurrencyLoad):
+                closed_loop(env, workload.sessions, cluster.dispatch, load.concurrency)
+            else:
+                cluster.completion_dispatches = cluster_type is DisaggCluster or any(
+                    len(s) > 1 for s in workload.sessions
+                )
+                env.process(
+                    open_loop(env, workload.sessions, cluster.dispatch, cluster.announce_arrival)
+                )
+        _run(env, cluster, None if streamed is not None else workload.num_requests, cfg)
 
     # whatever has not ended was cut off by the stop time
     stopped_at = env.now
@@ -317,10 +333,14 @@ def simulate(cfg: RunConfig) -> Result:
             if cfg.stop.max_virtual_time_ms is not None
             else "never dispatched: the run stalled before its turn"
         )
-        for session in workload.sessions:
-            for req in session:
-                if req.terminal_status == "":
-                    recorder.request_terminal(req, INCOMPLETE, stopped_at, not_arrived)
+        if isinstance(workload, StreamedWorkload):
+            for req in workload.not_arrived():
+                recorder.request_terminal(req, INCOMPLETE, stopped_at, not_arrived)
+        else:
+            for session in workload.sessions:
+                for req in session:
+                    if req.terminal_status == "":
+                        recorder.request_terminal(req, INCOMPLETE, stopped_at, not_arrived)
 
     requests = requests_table(recorder)
     plays = pd.DataFrame()

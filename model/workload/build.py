@@ -9,8 +9,9 @@ Poisson/constant process (rate load).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -115,25 +116,14 @@ def build_workload(
     """Sessions of requests from the workload (or from `given_rows`, rows already read)."""
     skipped = SkipCounter()
     rows, tbs = _rows(cfg, load, skipped, streams, given_rows)
-    seen_ids: set[str] = set()
     sessions: list[Session] = []
     by_id: dict[str, Session] = {}
     prev_ts: dict[str, float | None] = {}
     source = getattr(cfg, "path", "synthetic workload")
+    names = RequestIds(source)
     for idx, row in enumerate(rows):
-        if tbs is None:
-            prompt = [
-                hasher.unique_block(idx, j) for j in range(row.input_length // hasher.block_size)
-            ]
-        else:
-            prompt = hasher.prompt_hashes(row.hash_ids, row.input_length, tbs)
-        request_id = row.request_id if row.request_id is not None else str(row.line)
-        if request_id in seen_ids:
-            raise TraceError(
-                f"{source}:{row.line}: request_id {request_id!r} is already taken "
-                "(rows without a request_id are named by their line number)"
-            )
-        seen_ids.add(request_id)
+        prompt = _prompt(hasher, idx, row, tbs)
+        request_id = names.take(row)
         sid = row.session_id
         session = by_id.get(sid) if sid is not None else None
         if session is None:
@@ -174,6 +164,148 @@ def build_workload(
         _stamp(workload, cfg.rate_rps, cfg.arrival_process, streams["arrivals"])
     _plan_arrivals(workload, load, streams["arrivals"])
     return workload
+
+
+def _prompt(hasher: BlockHasher, idx: int, row: TraceRow, tbs: int | None) -> list[int]:
+    """The engine-block hashes of row `idx`'s prompt (unshared content without hash ids)."""
+    if tbs is None:
+        return [hasher.unique_block(idx, j) for j in range(row.input_length // hasher.block_size)]
+    return hasher.prompt_hashes(row.hash_ids, row.input_length, tbs)
+
+
+class RequestIds:
+    """Request ids handed out so far: a row's `request_id`, else its line number. Only the
+    explicit ids are kept as strings; the line numbers used as ids, one bit each."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.explicit: set[str] = set()
+        self.lines = bytearray()  # bit k: line k named a row without a request_id
+
+    def _line_taken(self, line: int) -> bool:
+        byte = line >> 3
+        return byte < len(self.lines) and bool(self.lines[byte] >> (line & 7) & 1)
+
+    def take(self, row: TraceRow) -> str:
+        rid = row.request_id
+        if rid is None:
+            rid = str(row.line)
+            taken = rid in self.explicit
+        else:
+            taken = rid in self.explicit or (
+                rid.isdigit() and rid == str(int(rid)) and self._line_taken(int(rid))
+            )
+        if taken:
+            raise TraceError(
+                f"{self.source}:{row.line}: request_id {rid!r} is already taken "
+                "(rows without a request_id are named by their line number)"
+            )
+        if row.request_id is None:
+            byte = row.line >> 3
+            if byte >= len(self.lines):
+                self.lines.extend(bytes(byte + 1 - len(self.lines)))
+            self.lines[byte] |= 1 << (row.line & 7)
+        else:
+            self.explicit.add(rid)
+        return rid
+
+
+class StreamedWorkload:
+    """An open-loop trace replay whose rows are single requests, read as the driver reaches
+    them: a request (with its prompt's block hashes) exists from just before its arrival
+    until it ends, so memory holds the requests in flight, not the trace.
+
+    A bad row fails when the driver reaches it (its TraceError names the file and line and
+    ends the run: a run cut short is never reported as complete). Rows the run never
+    reached (a stop time) are read at the end, to be recorded as not arrived."""
+
+    def __init__(
+        self,
+        rows: Iterable[TraceRow],
+        tbs: int | None,
+        hasher: BlockHasher,
+        load: TraceLoad,
+        source: str,
+        skipped: SkipCounter,
+    ) -> None:
+        self.skipped = skipped
+        self._rows = iter(rows)
+        self._tbs = tbs
+        self._hasher = hasher
+        self._ratio = load.arrival_speedup_ratio
+        self._names = RequestIds(source)
+        self._next_idx = 0
+        self._t0: float | None = None
+        self._last: Request | None = None
+        self.num_requests = 0  # made so far (every row once the run has ended)
+
+    def _make(self, row: TraceRow, hashed: bool) -> Request:
+        idx = self._next_idx
+        self._next_idx += 1
+        self.num_requests += 1
+        ts = row.timestamp_ms or 0.0
+        if self._t0 is None:
+            self._t0 = ts
+        req = Request(
+            idx=idx,
+            request_id=self._names.take(row),
+            input_length=row.input_length,
+            output_length=row.output_length,
+            prompt_hashes=_prompt(self._hasher, idx, row, self._tbs) if hashed else [],
+            planned_arrival_ms=(ts - self._t0) / self._ratio,
+        )
+        req.affinity_group = row.group_id
+        return req
+
+    @property
+    def sessions(self) -> Iterator[Session]:
+        """One single-request session per row, made when the driver asks for it."""
+        for row in self._rows:
+            req = self._last = self._make(row, hashed=True)
+            yield [req]
+        self._last = None
+
+    def not_arrived(self) -> Iterator[Request]:
+        """After the run: the request the driver held for its arrival (if it had not arrived),
+        then one per row never reached (no prompt hashes: they never run)."""
+        if self._last is not None and self._last.terminal_status == "":
+            yield self._last
+        self._last = None
+        for row in self._rows:
+            yield self._make(row, hashed=False)
+
+
+def stream_workload(
+    cfg: WorkloadConfig,
+    load: LoadConfig,
+    hasher: BlockHasher,
+    streams: dict[str, np.random.Generator],
+) -> StreamedWorkload | None:
+    """The streamed form of an open-loop trace replay (trace timestamps) of a Mooncake or
+    Azure file whose rows are all single requests (no `session_id` anywhere in the file);
+    None for every other workload, which `build_workload` reads whole."""
+    if not isinstance(load, TraceLoad) or not isinstance(cfg, MooncakeWorkload | AzureWorkload):
+        return None
+    if isinstance(cfg, MooncakeWorkload) and _mentions(cfg.path, b'"session_id"'):
+        return None
+    skipped = SkipCounter()
+    rows, tbs = _rows(cfg, load, skipped, streams)
+    return StreamedWorkload(rows, tbs, hasher, load, str(cfg.path), skipped)
+
+
+def _mentions(path: str | Path, needle: bytes) -> bool:
+    """Whether the file's bytes contain `needle` (read in chunks; False if unreadable, so
+    the reader reports the problem)."""
+    try:
+        with open(path, "rb") as fh:
+            tail = b""
+            while chunk := fh.read(1 << 24):
+                if needle in tail + chunk[: len(needle)] or needle in chunk:
+                    return True
+                tail = chunk[-len(needle) :]
+    except OSError:
+        return False
+    return False
 
 
 def _follow_up_delay(

@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 
 import simpy
 
@@ -35,7 +35,7 @@ def _follow_ups(
 
 def open_loop(
     env: simpy.Environment,
-    sessions: list[Session],
+    sessions: Iterable[Session],
     dispatch: Dispatch,
     announce: Callable[[float], None] | None = None,
 ) -> Generator[simpy.Event, None, None]:

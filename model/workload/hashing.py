@@ -26,18 +26,34 @@ class BlockHasher:
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
-        self._canonical: dict[Hashable, int] = {}  # trace hash id -> id by first appearance
+        # trace hash id -> id by first appearance: ids below `_identity` map to themselves,
+        # the others through the table
+        self._identity = 0
+        self._canonical: dict[Hashable, int] = {}
 
     def canonical(self, trace_ids: Sequence[Hashable]) -> list[int]:
         """Trace hash ids renumbered by order of first appearance across the run (an agentic
-        play instance salts its ids, `(salt, id)`, to keep a cache space of its own)."""
+        play instance salts its ids, `(salt, id)`, to keep a cache space of its own).
+
+        Traces usually number their ids that way already (Mooncake's do): while every new id
+        is the count of ids seen so far, ids map to themselves and nothing is stored; ids
+        after the first that breaks the pattern go through a table."""
         table = self._canonical
+        ident = self._identity
         out = []
         for h in trace_ids:
+            if isinstance(h, int) and 0 <= h < ident:
+                out.append(h)  # seen while the trace's numbering was its first appearances
+                continue
+            if not table and h == ident and isinstance(h, int):
+                ident += 1
+                out.append(h)
+                continue
             c = table.get(h)
             if c is None:
-                c = table[h] = len(table)
+                c = table[h] = ident + len(table)
             out.append(c)
+        self._identity = ident
         return out
 
     def prompt_hashes(
@@ -49,15 +65,19 @@ class BlockHasher:
         n_full = input_length // bs
         out: list[int] = []
         parent = ROOT
-        aligned = trace_block_size % bs == 0
+        if trace_block_size % bs == 0:
+            # every engine block lies inside one trace block: its content is that block's id
+            per = trace_block_size // bs
+            append = out.append
+            for k in range(-(-n_full // per)):
+                content = ids[k]
+                for _ in range(min(per, n_full - k * per)):
+                    parent = hash((parent, content)) & MASK63
+                    append(parent)
+            return out
         for j in range(n_full):
             start = j * bs
-            if aligned:
-                # the whole engine block lies inside one trace block: its content is that id
-                content: object = ids[start // trace_block_size]
-            else:
-                content = _runs(ids, start, start + bs, trace_block_size)
-            parent = hash((parent, content)) & MASK63
+            parent = hash((parent, _runs(ids, start, start + bs, trace_block_size))) & MASK63
             out.append(parent)
         return out
 
