@@ -488,12 +488,14 @@ def run_case(
     tmp: Path,
     n_requests: int,
 ) -> CaseResult:
-    base = compose_case(spec, trace, compare)
+    base = compose_case(spec, trace, compare, args.servesim_override)
     kwargs = compare.mocker_kwargs(base)
     configs = {"servesim": base.model_dump(mode="json")}
     labels = {"servesim": "servesim", "servesim_step": "servesim, fast_forward=false"}
     if args.fast_forward == "both":
-        step = compose_case(spec, trace, compare, ["engine.fast_forward=false"])
+        step = compose_case(
+            spec, trace, compare, [*args.servesim_override, "engine.fast_forward=false"]
+        )
         configs["servesim_step"] = step.model_dump(mode="json")
     variants = {name: Variant(name, labels[name]) for name in configs}
     skipped = None
@@ -925,6 +927,7 @@ def environment(args: argparse.Namespace, mocker_python: str | None) -> dict[str
         "mocker_python": mocker_python,
         "mocker_version": _version(mocker_python, "ai-dynamo-runtime") if mocker_python else None,
         "mocker_max_requests": args.mocker_max_requests,
+        "servesim_overrides": list(args.servesim_override),
         "trace_cache": str(args.trace_cache),
         "repeat": args.repeat,
     }
@@ -1028,6 +1031,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--mocker-python",
         help="mocker interpreter (default $SERVESIM_MOCKER_PYTHON, else the first of "
         f"{', '.join(map(str, DEFAULT_MOCKER_PYTHONS))} that exists); 'none' to skip the mocker",
+    )
+    p.add_argument(
+        "--servesim-override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Hydra override for servesim's config in every case (repeatable), e.g. "
+        "output.pass_table=false for the 1M-request scale case; the mocker is unaffected",
     )
     p.add_argument("--out", help="write every sample and statistic as JSON here")
     p.add_argument("--markdown", help="also write the markdown report here")
@@ -1145,7 +1156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 results.append(case)
             for spec in profile_specs:
                 trace, _, _ = locate(spec)
-                overrides = []
+                overrides = list(args.servesim_override)
                 if args.profile_max_requests:
                     overrides.append(f"workload.max_requests={args.profile_max_requests}")
                 cfg = compose_case(spec, trace, compare, overrides)

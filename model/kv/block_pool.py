@@ -185,7 +185,7 @@ class BlockPool:
                 victims = evict_oldest(self.inactive, self.pinned, n_blocks - empty)
             else:
                 popitem = self.inactive.popitem
-                victims = [popitem(last=False)[0] for _ in range(n_blocks - empty)]
+                victims = [popitem(False)[0] for _ in range(n_blocks - empty)]  # oldest first
             for key in victims:
                 if copies or events is not None:
                     self._evicted(key, events)
