@@ -654,6 +654,11 @@ class OutputConfig(Schema):
         False, description="also write requests.jsonl with the mocker's per-request field names"
     )
     per_token: bool = Field(False, description="keep every token's time per request")
+    pass_table: bool = Field(
+        True,
+        description="keep one row per engine pass (the passes table); false for very long "
+        "replays: passes are then only counted",
+    )
     kv_events: bool = Field(False, description="record KV events (stored/removed) as a table")
     progress: Literal["auto", "on", "off"] = Field(
         "auto", description="progress bar over requests; auto = only on a terminal"

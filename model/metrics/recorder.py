@@ -1,7 +1,9 @@
-"""The one sink the model writes to: append-only tuples, turned into tables once at the end.
+"""The one sink the model writes to: append-only rows, turned into tables once at the end.
 
-The hot path only appends (a tuple per terminal request, per pass, per KV level change); no
-pandas is touched until `model.metrics.tables` builds the frames.
+The hot path only appends (a tuple per terminal request or KV level change, a value per column
+per pass); no pandas is touched until `model.metrics.tables` builds the frames. Rows are kept
+column by column in typed arrays (`Columns`), so a replay of a million requests holds 8 bytes a
+number instead of a tuple of boxed floats.
 """
 
 from __future__ import annotations
@@ -14,44 +16,54 @@ import numpy as np
 
 from model.workload.request import Request
 
-REQUEST_COLUMNS = (
-    "request_id",
-    "session_id",
-    "turn_index",
-    "arrival_ms",
-    "first_admit_ms",
-    "first_token_ms",
-    "last_token_ms",
-    "terminal_ms",
-    "ttft_ms",
-    "ttst_ms",
-    "itl_ms",
-    "e2e_latency_ms",
-    "input_length",
-    "requested_output_length",
-    "output_length",
-    "reused_input_tokens",
-    "g1_reused_input_tokens",
-    "host_reused_input_tokens",
-    "disk_reused_input_tokens",
-    "first_admission_reused_input_tokens",
-    "prefill_worker_idx",
-    "decode_worker_idx",
-    "dp_rank",
-    "n_preemptions",
-    "terminal_status",
-    "reason",
+# how each request column is stored (see Columns): "d" float, "q" int, "o" object, "c" coded
+REQUEST_COLUMNS = {
+    "request_id": "o",
+    "session_id": "o",  # None outside sessions
+    "turn_index": "q",
+    "arrival_ms": "d",
+    "first_admit_ms": "d",
+    "first_token_ms": "d",
+    "last_token_ms": "d",
+    "terminal_ms": "d",
+    "ttft_ms": "d",
+    "ttst_ms": "d",
+    "itl_ms": "d",
+    "e2e_latency_ms": "d",
+    "input_length": "q",
+    "requested_output_length": "q",
+    "output_length": "q",
+    "reused_input_tokens": "q",
+    "g1_reused_input_tokens": "q",
+    "host_reused_input_tokens": "q",
+    "disk_reused_input_tokens": "q",
+    "first_admission_reused_input_tokens": "q",
+    "prefill_worker_idx": "q",  # nullable: see NULL_WHERE_NEGATIVE
+    "decode_worker_idx": "q",  # nullable
+    "dp_rank": "q",
+    "n_preemptions": "q",
+    "terminal_status": "c",
+    "reason": "c",
     # P/D handoff (NaN in aggregated clusters)
-    "prefill_dp_rank",
-    "prefill_admit_ms",
-    "source_held_ms",
-    "destination_reserved_ms",
-    "destination_activated_ms",
-    "decode_admit_ms",
-    "source_released_ms",
-    "decode_reused_input_tokens",
-    "transfer_tokens",
-)
+    "prefill_dp_rank": "q",  # nullable
+    "prefill_admit_ms": "d",
+    "source_held_ms": "d",
+    "destination_reserved_ms": "d",
+    "destination_activated_ms": "d",
+    "decode_admit_ms": "d",
+    "source_released_ms": "d",
+    "decode_reused_input_tokens": "q",
+    "transfer_tokens": "q",
+}
+# the rows as recorded: the request's trace index first (the table's sort key, not a column)
+REQUEST_FIELDS = {"_idx": "q", **REQUEST_COLUMNS}
+# nullable int columns (pandas Int64): stored as the request's raw value and NA in the table
+# where the named column is negative (a rank without a worker is NA too, whatever its value)
+NULL_WHERE_NEGATIVE = {
+    "prefill_worker_idx": "prefill_worker_idx",
+    "decode_worker_idx": "decode_worker_idx",
+    "prefill_dp_rank": "prefill_worker_idx",
+}
 # pass records are many (one per engine step): kept column by column in typed arrays
 PASS_COLUMNS = {
     "worker": "i",
@@ -66,7 +78,18 @@ PASS_COLUMNS = {
     "role": "b",  # coded: see ROLES
 }
 ROLES = ("aggregated", "prefill", "decode")
-KV_COLUMNS = ("t_ms", "pool", "tier", "used_blocks", "cached_blocks", "worker", "dp_rank")
+# pool and tier are a few distinct names: stored as codes
+KV_COLUMNS = {
+    "t_ms": "d",
+    "pool": "c",
+    "tier": "c",
+    "used_blocks": "q",
+    "cached_blocks": "q",
+    "worker": "q",
+    "dp_rank": "q",
+}
+# values learnt after a request's row was written (see Recorder.request_late)
+LATE_COLUMNS = {"idx": "q", "column": "c", "value": "o"}
 TRANSFER_COLUMNS = (
     "request_id",
     "link",
@@ -121,15 +144,93 @@ INCOMPLETE = "incomplete"
 NAN = float("nan")
 
 
+class Columns:
+    """Rows of a fixed schema, kept column by column.
+
+    The hot path appends one tuple per row; every `CHUNK` rows the tuples move into one column
+    per field, so a long run holds its values rather than its tuples: an array 'd' (float) or
+    'q' (int) holds 8 bytes a number where a tuple slot and a boxed float take 32, a list holds
+    objects ("o"), and a column of a few distinct values ("c": statuses, pool names) holds a
+    4-byte code per row.
+
+    A float column that has only ever received ints comes out int64, as pandas infers it from
+    the values (SimPy's clock starts at the int 0: a run whose arrivals all come at t=0 stamps
+    ints).
+    """
+
+    CHUNK = 4096
+
+    def __init__(self, fields: dict[str, str]) -> None:
+        self.fields = fields
+        self.rows: list[tuple] = []  # appended, not yet moved into the columns
+        self.columns: dict[str, array[Any] | list[Any]] = {
+            name: [] if kind == "o" else array("i" if kind == "c" else kind)
+            for name, kind in fields.items()
+        }
+        # per coded column, value -> code (in code order)
+        self.codes: dict[str, dict[Any, int]] = {
+            name: {} for name, kind in fields.items() if kind == "c"
+        }
+        # float columns that have seen no float yet
+        self.ints_only = {name for name, kind in fields.items() if kind == "d"}
+
+    def append(self, row: tuple) -> None:
+        rows = self.rows
+        rows.append(row)
+        if len(rows) >= self.CHUNK:
+            self.flush()
+
+    def __len__(self) -> int:
+        return len(next(iter(self.columns.values()))) + len(self.rows)
+
+    def flush(self) -> None:
+        """Move the appended rows into the columns."""
+        rows = self.rows
+        if not rows:
+            return
+        ints_only = self.ints_only
+        for (name, kind), values in zip(self.fields.items(), zip(*rows, strict=True), strict=True):
+            column = self.columns[name]
+            if kind == "c":
+                codes = self.codes[name]
+                column.extend([codes.setdefault(v, len(codes)) for v in values])
+                continue
+            if name in ints_only and any(isinstance(v, float) for v in values):
+                ints_only.discard(name)
+            column.extend(values)
+        rows.clear()
+
+    def array(self, name: str) -> np.ndarray:
+        """One column in row order, as a new numpy array: float64 or int64 for numbers (a float
+        column of ints only is still float64 here: see `ints_only`), objects otherwise."""
+        self.flush()
+        column = self.columns[name]
+        if isinstance(column, list):
+            out = np.empty(len(column), dtype=object)
+            out[:] = column
+            return out
+        values = np.frombuffer(column, dtype=column.typecode).copy()
+        if self.fields[name] != "c":
+            return values
+        decoded = np.empty(len(self.codes[name]), dtype=object)
+        decoded[:] = list(self.codes[name])
+        return decoded[values]
+
+
 class Recorder:
-    def __init__(self, per_token: bool = False, keep_kv_events: bool = True) -> None:
+    def __init__(
+        self, per_token: bool = False, keep_kv_events: bool = True, pass_table: bool = True
+    ) -> None:
         self.per_token = per_token
         # KV events go to the table only when asked for; listeners (a KV router's prefix
         # index) hear every one: (t_ms, pool, kind, block_hash)
         self.keep_kv_events = keep_kv_events
+        # without the passes table, passes are only counted
+        self.pass_table = pass_table
+        self._n_unkept_passes = 0  # passes not kept in `passes`
         self.kv_listeners: list[Callable[[float, str, str, int], None]] = []
         self.routing: list[tuple] = []
-        self.requests: list[tuple] = []
+        self.requests = Columns(REQUEST_FIELDS)
         self.passes: dict[str, array[Any]] = {
             name: array(code) for name, code in PASS_COLUMNS.items()
         }
@@ -146,15 +247,32 @@ class Recorder:
             p["preemptions"].append,
             p["role"].append,
         )
-        self.kv: list[tuple] = []
+        self.kv = Columns(KV_COLUMNS)
         self.kv_events: list[tuple] = []
         self.transfers: list[tuple] = []
-        # values learnt after a request's row was written: (request index, column) -> value
-        self.late: dict[tuple[int, str], Any] = {}
+        # values learnt after a request's row was written: (request index, column, value)
+        self.late_values = Columns(LATE_COLUMNS)
         self.itl_gaps_ms = array("d")  # every inter-token gap of every completed request
         self.token_times: dict[str, array] = {}
         self.last_event_ms = 0.0  # the latest pass end or request end recorded
         self._n_kv_events = 0
+
+    @property
+    def n_passes(self) -> int:
+        """Engine passes recorded, whether or not the passes table keeps them."""
+        return len(self.passes["end_ms"]) + self._n_unkept_passes
+
+    @property
+    def late(self) -> dict[tuple[int, str], Any]:
+        """The late values as {(request index, column): value} (the last one set wins)."""
+        late = self.late_values
+        return dict(
+            zip(
+                zip(late.array("idx").tolist(), late.array("column").tolist(), strict=True),
+                late.array("value").tolist(),
+                strict=True,
+            )
+        )
 
     # ------------------------------------------------------------------ requests
 
@@ -177,7 +295,7 @@ class Recorder:
         if self.per_token and times is not None:
             self.token_times[req.request_id] = times
         req.token_times_ms = None
-        worker = req.worker_idx if req.worker_idx >= 0 else None
+        # the nullable ints go in raw (-1: none); the table turns them into NA
         self.requests.append(
             (
                 req.idx,
@@ -203,13 +321,13 @@ class Recorder:
                 req.host_reused_input_tokens,
                 req.disk_reused_input_tokens,
                 req.first_admission_reused_tokens,
-                req.prefill_worker_idx if req.prefill_worker_idx >= 0 else None,
-                worker,
+                req.prefill_worker_idx,
+                req.worker_idx,
                 req.dp_rank,
                 req.n_preemptions,
                 status,
                 reason,
-                req.prefill_dp_rank if req.prefill_worker_idx >= 0 else None,
+                req.prefill_dp_rank,
                 req.prefill_admit_ms,
                 req.source_held_ms,
                 req.destination_reserved_ms,
@@ -224,7 +342,7 @@ class Recorder:
     def request_late(self, req: Request, column: str, value: Any) -> None:
         """Set a column of a request that has already ended (e.g. its P/D source released
         after the decode side completed)."""
-        self.late[(req.idx, column)] = value
+        self.late_values.append((req.idx, column, value))
 
     # ------------------------------------------------------------------ engine
 
@@ -243,6 +361,9 @@ class Recorder:
     ) -> None:
         if end_ms > self.last_event_ms:
             self.last_event_ms = end_ms
+        if not self.pass_table:
+            self._n_unkept_passes += 1
+            return
         (a_w, a_r, a_s, a_e, a_pt, a_ps, a_ds, a_kv, a_pre, a_role) = self._pass_appends
         a_w(worker)
         a_r(dp_rank)
@@ -269,6 +390,9 @@ class Recorder:
         k = len(ends)
         if ends[-1] > self.last_event_ms:
             self.last_event_ms = ends[-1]
+        if not self.pass_table:
+            self._n_unkept_passes += k
+            return
         p = self.passes
         zeros = array("i", (0,)) * k
         p["worker"].extend(array("i", (worker,)) * k)

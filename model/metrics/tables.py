@@ -1,4 +1,4 @@
-"""Pandas tables built once, at the end of a run, from the recorder's tuples."""
+"""Pandas tables built once, at the end of a run, from the recorder's columns."""
 
 from __future__ import annotations
 
@@ -6,12 +6,13 @@ import numpy as np
 import pandas as pd
 
 from model.metrics.recorder import (
-    KV_COLUMNS,
     KV_EVENT_COLUMNS,
+    NULL_WHERE_NEGATIVE,
     REQUEST_COLUMNS,
     ROLES,
     ROUTING_COLUMNS,
     TRANSFER_COLUMNS,
+    Columns,
     Recorder,
 )
 
@@ -37,13 +38,59 @@ REQUEST_DTYPES = {
 
 def requests_table(rec: Recorder) -> pd.DataFrame:
     """One row per request, in trace order (records arrive in terminal order)."""
-    df = pd.DataFrame.from_records(rec.requests, columns=["_idx", *REQUEST_COLUMNS])
-    if rec.late:
-        row = pd.Series(range(len(df)), index=df["_idx"])
-        for (idx, column), value in rec.late.items():
-            df.loc[row[idx], column] = value
-    df = df.sort_values("_idx", kind="stable").drop(columns="_idx").reset_index(drop=True)
-    return df.astype(REQUEST_DTYPES)
+    store = rec.requests
+    if not len(store):  # pandas' frame of no records (object columns but the typed ones)
+        empty = pd.DataFrame.from_records([], columns=list(store.fields))
+        return empty.drop(columns="_idx").astype(REQUEST_DTYPES)
+    idx = store.array("_idx")
+    order = np.argsort(idx, kind="stable")
+    cols = {name: store.array(name)[order] for name in REQUEST_COLUMNS}
+    absent = {name: cols[by] < 0 for name, by in NULL_WHERE_NEGATIVE.items()}
+    ints_only = set(store.ints_only)
+    if len(rec.late_values):
+        _apply_late(rec.late_values, idx[order], cols, absent, ints_only)
+    for name in ints_only:
+        cols[name] = cols[name].astype(np.int64)
+    for name, mask in absent.items():
+        cols[name] = pd.arrays.IntegerArray(cols[name], mask)
+    return pd.DataFrame(cols).astype(REQUEST_DTYPES)
+
+
+def _apply_late(
+    late: Columns,
+    sorted_idx: np.ndarray,
+    cols: dict[str, np.ndarray],
+    absent: dict[str, np.ndarray],
+    ints_only: set[str],
+) -> None:
+    """Set the values learnt after their rows were written (the last one set wins) on the
+    columns sorted by request index; every row of a request index gets it."""
+    at = late.array("idx")
+    lo = np.searchsorted(sorted_idx, at, "left")
+    counts = np.searchsorted(sorted_idx, at, "right") - lo
+    if (counts == 0).any():
+        raise KeyError(int(at[counts == 0][0]))
+    entry = np.repeat(np.arange(len(at)), counts)  # entry of each (entry, row) pair
+    row = lo[entry] + np.arange(len(entry)) - np.repeat(np.cumsum(counts) - counts, counts)
+    names = late.array("column")[entry]
+    values = late.array("value")[entry]
+    for name in dict.fromkeys(names.tolist()):
+        mine = names == name
+        rows, vals = row[mine], values[mine]
+        _, last = np.unique(rows[::-1], return_index=True)
+        keep = len(rows) - 1 - last
+        rows, vals = rows[keep], vals[keep]
+        col = cols[name]
+        if col.dtype == object:
+            col[rows] = vals
+            continue
+        if name in absent:  # None sets NA, a number clears it
+            none = np.array([v is None for v in vals], dtype=bool)
+            absent[name][rows] = none
+            rows, vals = rows[~none], vals[~none]
+        if name in ints_only and any(isinstance(v, float) for v in vals):
+            ints_only.discard(name)
+        col[rows] = vals.astype(col.dtype)
 
 
 def passes_table(rec: Recorder) -> pd.DataFrame:
@@ -59,7 +106,14 @@ def passes_table(rec: Recorder) -> pd.DataFrame:
 
 def kv_table(rec: Recorder) -> pd.DataFrame:
     """Pool levels at each change, in time order (pools in name order at equal times)."""
-    df = pd.DataFrame.from_records(rec.kv, columns=list(KV_COLUMNS))
+    store = rec.kv
+    if not len(store):
+        df = pd.DataFrame.from_records([], columns=list(store.fields))
+    else:
+        cols = {name: store.array(name) for name in store.fields}
+        for name in store.ints_only:
+            cols[name] = cols[name].astype(np.int64)
+        df = pd.DataFrame(cols)
     return df.sort_values(["t_ms", "pool"], kind="stable").reset_index(drop=True)
 
 
