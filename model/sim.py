@@ -274,7 +274,11 @@ def simulate(cfg: RunConfig) -> Result:
         )
 
     env = Environment()
-    recorder = Recorder(per_token=cfg.output.per_token, keep_kv_events=cfg.output.kv_events)
+    recorder = Recorder(
+        per_token=cfg.output.per_token,
+        keep_kv_events=cfg.output.kv_events,
+        pass_table=cfg.output.pass_table,
+    )
     cluster_type = DisaggCluster if cfg.topology.kind == "disagg" else AggregatedCluster
     cluster = cluster_type(env, cfg, hasher, recorder, streams["router"])
     load = cfg.load
@@ -294,7 +298,7 @@ def simulate(cfg: RunConfig) -> Result:
         )
         if streamed is not None:  # single requests read as their arrivals come
             workload = streamed
-            cluster.completion_dispatches = cluster_type is DisaggCluster
+            cluster.sessions_dispatch = False
             env.process(
                 open_loop(env, streamed.sessions, cluster.dispatch, cluster.announce_arrival)
             )
@@ -303,9 +307,7 @@ def simulate(cfg: RunConfig) -> Result:
             if isinstance(load, ConcurrencyLoad):
                 closed_loop(env, workload.sessions, cluster.dispatch, load.concurrency)
             else:
-                cluster.completion_dispatches = cluster_type is DisaggCluster or any(
-                    len(s) > 1 for s in workload.sessions
-                )
+                cluster.sessions_dispatch = any(len(s) > 1 for s in workload.sessions)
                 env.process(
                     open_loop(env, workload.sessions, cluster.dispatch, cluster.announce_arrival)
                 )
@@ -366,7 +368,7 @@ def simulate(cfg: RunConfig) -> Result:
     summary["committed_prefill_tokens"] = sum(r.scheduler.n_committed_prefill_tokens for r in ranks)
     summary["n_preemptions"] = int(requests["n_preemptions"].sum())
     summary["n_kv_evictions"] = sum(r.pool.n_evictions for r in ranks)
-    summary["n_passes"] = int(len(passes))
+    summary["n_passes"] = recorder.n_passes
     skipped = workload.skipped if workload is not None else None
     summary["skipped_trace_rows"] = skipped.count if skipped is not None else 0
     if skipped is not None and skipped.count:

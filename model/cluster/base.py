@@ -38,10 +38,9 @@ class ClusterBase:
         self.recorder = recorder
         self.n_in_flight = 0
         self.n_dispatched = 0
-        # when a completion can trigger a dispatch (closed loop, multi-turn sessions, P/D
-        # handoffs) any event may reach a worker; otherwise only the driver's next arrival or
-        # the stop time can
-        self.completion_dispatches = True
+        # whether a completion can dispatch a request (closed loop, multi-turn sessions,
+        # agentic replays); sim.py clears it for an open loop of single requests
+        self.sessions_dispatch = True
         self.next_arrival_ms = math.inf
         self.stop_ms = cfg.stop.max_virtual_time_ms or math.inf
         self.workers: list[Worker] = []
@@ -51,8 +50,13 @@ class ClusterBase:
         # between a request's arrival and its reaching the router; counts in TTFT
         self.frontend_ms = frontend_latency_ms(cfg)
         self.in_frontend: dict[int, Request] = {}  # arrived, not yet at the router (by idx)
-        if self.frontend_ms > 0:
-            self.completion_dispatches = True  # a delayed hand-over is an event like any other
+
+    @property
+    def completion_dispatches(self) -> bool:
+        """Whether an event other than the driver's next arrival can reach a worker (then any
+        event may): a completion that dispatches, or a frontend hand-over (a delayed
+        hand-over is an event like any other)."""
+        return self.sessions_dispatch or self.frontend_ms > 0
 
     def build_pool(
         self,

@@ -87,6 +87,7 @@ class DisaggCluster(ClusterBase):
         for w in self.decode:
             # blocks a finished tier copy unpinned may let a waiting reservation through
             w.on_kv_freed = self._retry_reservations
+            w.horizon = self.decode_horizon
         self.destinations = {
             (w.idx, r.dp_rank): Destination(w, r) for w in self.decode for r in w.ranks
         }
@@ -126,6 +127,40 @@ class DisaggCluster(ClusterBase):
         # decode rank, or in transfer), by request index
         self.between_pools: dict[int, Request] = {}
         self.prefill_copies: dict[int, Request] = {}  # by request index, until handed off
+        # reservations made whose transfer is not on its link yet (it is, within the instant)
+        self.unsubmitted = 0
+
+    @property
+    def completion_dispatches(self) -> bool:
+        return True  # a prefill copy's finish hands its request to the decode pool
+
+    def decode_horizon(self) -> float:
+        """The earliest time anything can reach a decode worker (its horizon).
+
+        In an open loop of single requests, what reaches a decode rank is a reservation (a
+        prefill copy's finish, at a prefill pass end) or a transfer landing (a link timer).
+        A prefill pass can also follow a source release, which happens at a landing or at
+        the end of the pass a decode worker's deferred activation waits for. So: the next
+        arrival or the stop time, every prefill worker's next pass end, every decode worker's
+        pass end that holds deferred commands, every link's next timer. Anything else (a
+        frontend hand-over, a waiting router, a completion that dispatches, a reservation
+        whose transfer is not submitted yet) falls back to the next event on the queue."""
+        if (
+            self.sessions_dispatch
+            or self.frontend_ms > 0
+            or self.unsubmitted
+            or any(r.has_waiting for r in self.routers)
+        ):
+            return self.horizon()
+        h = min(self.next_arrival_ms, self.stop_ms)
+        for w in self.prefill:
+            h = min(h, w.next_end_bound())
+        for w in self.decode:
+            if w._deferred:
+                h = min(h, w.next_end_bound())
+        for link in self.links.values():
+            h = min(h, link.next_event_ms())
+        return h
 
     # ------------------------------------------------------------------ arrival
 
@@ -224,6 +259,7 @@ class DisaggCluster(ClusterBase):
         else:
             req.transfer_tokens = req.input_length
         assert req.reserved is not None
+        self.unsubmitted += 1  # until the handoff puts its transfer on the link
         fire(self.env, req.reserved, TRANSFER_END)
 
     def _reservation_pending(self, worker: Worker) -> bool:

@@ -33,7 +33,9 @@ def handoff(
     yield req.reserved  # the decode rank took KV for the prompt
     link = cluster.link(req.prefill_worker_idx, dest.worker.idx)
     n_bytes = req.transfer_tokens * cluster.kv_bytes_per_token + cluster.link_cfg.state_bytes
-    yield link.submit(req.request_id, n_bytes, req.transfer_tokens, "pd")
+    landed = link.submit(req.request_id, n_bytes, req.transfer_tokens, "pd")
+    cluster.unsubmitted -= 1
+    yield landed
 
     activated = env.event()
 

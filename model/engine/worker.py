@@ -22,6 +22,7 @@ equals the pass-by-pass loop's, with one SimPy event per chain instead of two pe
 
 from __future__ import annotations
 
+import math
 from array import array
 from collections.abc import Callable, Generator
 from functools import partial
@@ -118,6 +119,7 @@ class Worker:
         self.on_first_token: Callable[[Request], None] | None = None
         self.on_signals_done: Callable[[], None] | None = None
         self._wake: simpy.Event | None = None
+        self.pending_end_ms: float | None = None  # the pass end it waits for, if it does
         self.process = env.process(self.run())
 
     @property
@@ -169,6 +171,13 @@ class Worker:
             self.on_kv_freed(self)
         self.wake()
 
+    def next_end_bound(self) -> float:
+        """The earliest time this worker can next end a pass: the end it waits for; never
+        while it sleeps until something wakes it; else now (it is about to plan one)."""
+        if self._wake is not None and not self._wake.triggered:
+            return math.inf
+        return self.pending_end_ms if self.pending_end_ms is not None else self.env.now
+
     def has_work(self) -> bool:
         return any(r.scheduler.has_work() for r in self.ranks)
 
@@ -217,7 +226,9 @@ class Worker:
                     # only rejections, or a request that preempted itself: a pass of no
                     # length that ends at once
                     if t > env.now:
+                        self.pending_end_ms = t
                         yield at_time(env, t, self.end_phase)
+                        self.pending_end_ms = None
                     self._end_pass(self._finish(batches, t, t), batches)
                     break
                 for rank in ranks:
@@ -232,7 +243,9 @@ class Worker:
                     # something may happen before this pass ends (or the run may stop):
                     # apply it at its end, as it comes
                     self.busy = True
+                    self.pending_end_ms = end
                     yield at_time(env, end, self.end_phase)
+                    self.pending_end_ms = None
                     self.busy = False
                     self._end_pass(self._finish(batches, t, end), batches)
                     break
@@ -240,7 +253,9 @@ class Worker:
                 done = self._finish(batches, t, end)
                 if done or any(b.rejected for b in batches):
                     self.busy = True
+                    self.pending_end_ms = end
                     yield at_time(env, end, self.end_phase)
+                    self.pending_end_ms = None
                     self.busy = False
                     self._end_pass(done, batches)
                     break

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Generator
 from dataclasses import dataclass, field
+from heapq import heappop, heappush
 
 import simpy
 
@@ -68,6 +69,7 @@ class Link:
             None if group_bandwidth_gbps is None else group_bandwidth_gbps * 1e6
         )
         self.n_in_flight = 0
+        self.timers: list[float] = []  # times of its pending timers (a heap; see _at)
         if contention == "fifo_lanes" and self.bytes_per_ms is not None:
             self.queue: simpy.Store = simpy.Store(env)
             for _ in range(lanes):
@@ -78,6 +80,21 @@ class Link:
             self._changed = env.event()
             self._timer: simpy.Event | None = None
             env.process(self._share())
+
+    def _at(self, t_ms: float) -> simpy.Event:
+        """A timer of this link at `t_ms` (in the transfer phase), remembered until its time
+        has passed for `next_event_ms`."""
+        heappush(self.timers, t_ms)
+        return at_time(self.env, t_ms, TRANSFER_END)
+
+    def next_event_ms(self) -> float:
+        """The earliest time a timer of this link can still fire (now if one is due now;
+        inf with none): no transfer on it ends, and none starts moving, before then."""
+        timers = self.timers
+        now = self.env.now
+        while timers and timers[0] < now:
+            heappop(timers)
+        return timers[0] if timers else math.inf
 
     def duration_ms(self, n_bytes: int) -> float:
         """A transfer's time alone on the link: latency + bytes at line rate (evaluated as the
@@ -98,17 +115,21 @@ class Link:
             job.started_ms = env.now
             end = env.now + self.duration_ms(n_bytes)
             self._finish_at(job, end)
-        elif self.contention == "fifo_lanes":
-            self.queue.put(job)
         else:
-            env.process(self._join_after_latency(job))
+            # its lane (or the sharing process) sets its timer later in this instant: until
+            # then, now stands for it in next_event_ms
+            heappush(self.timers, env.now)
+            if self.contention == "fifo_lanes":
+                self.queue.put(job)
+            else:
+                env.process(self._join_after_latency(job))
         return job.done
 
     def _finish_at(self, job: Transfer, end: float) -> None:
         def finished(_: simpy.Event) -> None:
             self._record(job, end)
 
-        ev = at_time(self.env, end, TRANSFER_END)
+        ev = self._at(end)
         ev.callbacks.append(finished)
 
     def _record(self, job: Transfer, end: float) -> None:
@@ -134,7 +155,7 @@ class Link:
                 job = yield get
             job.started_ms = env.now
             end = env.now + self.duration_ms(job.n_bytes)
-            yield at_time(env, end, TRANSFER_END)
+            yield self._at(end)
             self._record(job, end)
 
     # ------------------------------------------------------------------ shared
@@ -142,7 +163,7 @@ class Link:
     def _join_after_latency(self, job: Transfer) -> Generator[simpy.Event, None, None]:
         env = self.env
         if self.latency_ms > 0:
-            yield at_time(env, env.now + self.latency_ms, TRANSFER_END)
+            yield self._at(env.now + self.latency_ms)
         job.started_ms = env.now
         job.remaining_bytes = float(job.n_bytes)
         self._advance()
@@ -194,7 +215,7 @@ class Link:
             # one wake-up event for both causes, so the process resumes in the transfer phase
             # (a condition `timer | changed` would resume in SimPy's normal phase, after a
             # prefill worker's next pass has started); a superseded timer wakes nobody
-            timer = at_time(env, end, TRANSFER_END)
+            timer = self._at(end)
             timer.callbacks.append(lambda ev: self._wake_sharing() if ev is self._timer else None)
             self._timer = timer
             yield self._changed
