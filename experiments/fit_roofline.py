@@ -4,8 +4,8 @@
         [--backend vllm] [--mode agg] [--out model/timing/roofline_factors.json]
 
 For every (GPU family, weight dtype) group of the rows servesim can describe (the same model,
-system and precision maps as experiments/accuracy.py), it chooses the eight factors of
-`model.timing.calibrated` (e_c, e_m, e_a, o_p, o_d, o_seq, a_ar, o_req) that minimise the mean
+system and precision maps as experiments/accuracy.py), it chooses the nine factors of
+`model.timing.calibrated` (e_c, e_m, e_a, e_ar, o_p, o_d, o_seq, a_ar, o_req) that minimise the mean
 absolute log error of TTFT plus that of TPOT, by coordinate descent over bounded log grids.
 Running the full simulator inside the search would take hours, so it scores each row with a
 closed-loop
@@ -70,6 +70,7 @@ BOUNDS = {
     "e_c": (0.05, 1.0),
     "e_m": (0.2, 1.0),
     "e_a": (0.02, 1.0),
+    "e_ar": (0.05, 1.0),
     "o_p": (0.05, 60.0),
     "o_d": (0.05, 30.0),
     "o_seq": (1e-4, 0.5),
@@ -80,6 +81,7 @@ START = {
     "e_c": 0.5,
     "e_m": 0.7,
     "e_a": 0.3,
+    "e_ar": 1.0,
     "o_p": 5.0,
     "o_d": 2.0,
     "o_seq": 0.01,

@@ -10,7 +10,7 @@ W: weight bytes, L layers, H query heads, d head dim, h hidden size, kv: KV byte
     attention  prefill: 4 L H d T (prefix + chunk / 2) / (tp peak_bf16 e_a)
                         + kv n isl / (tp BW e_m)
                decode:  kv B ctx / (tp BW e_m)
-    all-reduce 2 L (a_ar + 2 (tp - 1) / tp x tokens h 2 B / NVLink B/s)     (tp > 1 only)
+    all-reduce 2 L (a_ar + 2 (tp - 1) / tp x tokens h 2 B / (NVLink B/s e_ar))  (tp > 1 only)
     part       t = t_gemm + t_attn + t_comm + o_p             (prefill)
                  t = t_gemm + t_attn + t_comm + o_d + o_seq B     (decode)
     mixed      t = t_gemm(T + B) + both t_attn + t_comm(T + B) + o_p + o_seq B
@@ -18,7 +18,8 @@ W: weight bytes, L layers, H query heads, d head dim, h hidden size, kv: KV byte
 
 T is the part's new tokens (prefill) or its batch B (decode); peak_w the dense tensor rate of the
 weights' dtype (fp4, fp8, else bf16). The fitted factors, per (GPU family, weight dtype), are
-`e_c` (GEMM compute efficiency), `e_m` (HBM efficiency), `e_a` (attention efficiency), `o_p`,
+`e_c` (GEMM compute efficiency), `e_m` (HBM efficiency), `e_a` (attention efficiency), `e_ar`
+(all-reduce bandwidth efficiency: achieved / rated NVLink bytes per second; 1 if absent), `o_p`,
 `o_d` (fixed ms per prefill / decode part), `o_seq` (ms per decoding sequence: sampling,
 detokenization, scheduling), `a_ar` (ms per all-reduce) and `o_req` (a request's
 frontend latency before the scheduler sees it: tokenization, API; the cluster applies it, and it
@@ -48,7 +49,10 @@ from model.config.schema import HardwareConfig, LlmConfig
 from model.timing.base import new_tokens
 
 FACTORS_PATH = Path(__file__).resolve().with_name("roofline_factors.json")
-FACTOR_KEYS = ("e_c", "e_m", "e_a", "o_p", "o_d", "o_seq", "a_ar", "o_req")
+FACTOR_KEYS = ("e_c", "e_m", "e_a", "e_ar", "o_p", "o_d", "o_seq", "a_ar", "o_req")
+# factors a table may lack (written before they existed), and the value that leaves the
+# formula as it was without them
+OPTIONAL_FACTORS = {"e_ar": 1.0, "o_seq": 0.0}
 # GPU families by hardware name prefix (a hardware config may set `family` itself)
 FAMILIES = {
     "h100": "hopper",
@@ -88,8 +92,14 @@ def lookup(table: dict[str, Any], family: str, dtype: str) -> tuple[dict[str, fl
     if same_family:
         k = sorted(same_family)[0]
         return groups[k]["factors"], f"{k} (no {key} in the table)"
-    mean = {f: sum(g["factors"][f] for g in groups.values()) / len(groups) for f in FACTOR_KEYS}
+    mean = {
+        f: sum(_factor(g["factors"], f) for g in groups.values()) / len(groups) for f in FACTOR_KEYS
+    }
     return mean, f"mean of {sorted(groups)} (no {family} entries in the table)"
+
+
+def _factor(factors: dict[str, float], key: str) -> float:
+    return factors[key] if key in factors else OPTIONAL_FACTORS[key]
 
 
 def calibrated_factors(
@@ -144,7 +154,10 @@ class CalibratedRoofline:
         if tp > 1:
             ring = 2 * (tp - 1) / tp * llm.hidden_size * DTYPE_BYTES["bfloat16"]
             self.comm_fixed_ms = 2 * llm.num_layers * f["a_ar"]
-            self.comm_ms_per_token = 2 * llm.num_layers * ring / (hw.nvlink_gbps * 1e9 / 1e3)
+            # e_ar: the rated NVLink rate is a peak; a TP all-reduce, which sits between the
+            # GEMMs and does not overlap them, achieves a fraction of it
+            nvlink_bytes_per_ms = hw.nvlink_gbps * 1e9 / 1e3 * _factor(f, "e_ar")
+            self.comm_ms_per_token = 2 * llm.num_layers * ring / nvlink_bytes_per_ms
         else:
             self.comm_fixed_ms = self.comm_ms_per_token = 0.0
 
@@ -177,7 +190,7 @@ class CalibratedRoofline:
         if batch <= 0:
             return 0.0
         attn = self.kv_bytes_per_token * batch * mean_context / self.bytes_per_ms
-        fixed = self.f["o_d"] + self.f.get("o_seq", 0.0) * batch
+        fixed = self.f["o_d"] + _factor(self.f, "o_seq") * batch
         return _finite(self._gemm_ms(batch) + attn + self._comm_ms(batch) + fixed, "decode")
 
     def mixed_ms(
@@ -191,7 +204,7 @@ class CalibratedRoofline:
         chunk = t / n
         attn = self.attn_flops_per_pair * t * (mean_prefix + chunk / 2) / self.attn_flops_per_ms
         attn += self.kv_bytes_per_token * (n * mean_isl + batch * mean_context) / self.bytes_per_ms
-        fixed = self.f["o_p"] + self.f.get("o_seq", 0.0) * batch
+        fixed = self.f["o_p"] + _factor(self.f, "o_seq") * batch
         return _finite(self._gemm_ms(tokens) + attn + self._comm_ms(tokens) + fixed, "mixed")
 
 

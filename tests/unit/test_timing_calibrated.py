@@ -42,6 +42,20 @@ def test_prefill_is_compute_bound_gemm_plus_attention_and_tp_all_reduce():
     assert m.prefill_ms(1, 100, 100) == 0.0 and m.decode_ms(0, 0, 0, 0) == 0.0
 
 
+def test_all_reduce_bandwidth_efficiency_scales_the_ring_bytes_only():
+    """e_ar 0.25 makes the ring bytes of the 2 L all-reduces 4x slower and leaves their fixed
+    a_ar latency alone; a table without e_ar (as above) prices them at the rated NVLink speed,
+    and at TP 1 there is no all-reduce to slow down."""
+    slow = CalibratedRoofline(LLAMA8B_CFG, H100_CFG, 2, factors={**F, "e_ar": 0.25})
+    rated = CalibratedRoofline(LLAMA8B_CFG, H100_CFG, 2, factors=F)
+    ring = 2 * 32 * 2 * 0.5 * 4096 * 2 * 8192 / 900e6
+    assert slow.prefill_ms(1, 8192, 0) - rated.prefill_ms(1, 8192, 0) == pytest.approx(3 * ring)
+    one = CalibratedRoofline(LLAMA8B_CFG, H100_CFG, 1, factors={**F, "e_ar": 0.25})
+    assert one.prefill_ms(1, 8192, 0) == CalibratedRoofline(
+        LLAMA8B_CFG, H100_CFG, 1, factors=F
+    ).prefill_ms(1, 8192, 0)
+
+
 def test_a_mixed_pass_reads_the_weights_once():
     """2,048 new tokens and 16 decodes at context 1,000 in one pass: one GEMM over 2,064
     tokens (compute-bound here), both attention terms, o_p + 16 o_seq; cheaper than the two
@@ -63,6 +77,7 @@ def test_table_lookup_falls_back_and_says_so():
     assert f == F and "no hopper/bf16" in src
     f, src = lookup(table, "ampere", "fp8")
     assert f["e_c"] == pytest.approx(0.6) and "no ampere entries" in src
+    assert f["e_ar"] == 1.0  # tables written before e_ar existed: the rated NVLink speed
 
 
 def test_family_by_name_or_given():
