@@ -356,6 +356,7 @@ def simulate(cfg: RunConfig) -> Result:
     transfers = transfers_table(recorder)
     passes = passes_table(recorder)
     kv = kv_table(recorder)
+    recorder.forget_rows()
     wall_ms = (time.perf_counter() - wall_start) * 1000.0
     summary = summarize(
         measured,

@@ -274,6 +274,12 @@ class Recorder:
             )
         )
 
+    def forget_rows(self) -> None:
+        """Let go of the request and KV-level rows once their tables are built (a long run
+        would otherwise hold both at its end)."""
+        self.requests = Columns(REQUEST_FIELDS)
+        self.kv = Columns(KV_COLUMNS)
+
     # ------------------------------------------------------------------ requests
 
     def request_terminal(self, req: Request, status: str, now_ms: float, reason: str = "") -> None:

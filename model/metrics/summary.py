@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,6 +34,40 @@ def nearest_rank(sorted_values: np.ndarray, p: float) -> float:
     return float(sorted_values[min(rank, n - 1)])
 
 
+# arrays longer than this get their std in pieces of at most this many values (see _std)
+STD_CHUNK = 1 << 22
+
+
+def _pairwise_sum(part: Callable[[int, int], np.ndarray], lo: int, hi: int, chunk: int) -> float:
+    """numpy's sum of a float64 array, `part(lo, hi)` being its values [lo, hi): numpy adds a
+    contiguous array pairwise, splitting n values at n // 2 rounded down to a multiple of 8;
+    splitting the same way down to pieces of at most `chunk` values gives the same float, as
+    long as no piece is cut below numpy's leaf of 128 values (summed 8-way unrolled)."""
+    n = hi - lo
+    if n <= chunk:
+        return float(np.add.reduce(part(lo, hi), initial=0.0))
+    half = n // 2
+    half -= half % 8
+    return _pairwise_sum(part, lo, lo + half, chunk) + _pairwise_sum(part, lo + half, hi, chunk)
+
+
+def _std(x: np.ndarray, chunk: int = STD_CHUNK) -> float:
+    """`x.std()` to the last bit, without its temporary copy of `x` when `x` is long (a
+    million requests' ITL gaps are a gigabyte)."""
+    if chunk < 128:
+        raise ValueError(f"chunk must be >= 128 (numpy's pairwise leaf), got {chunk}")
+    n = len(x)
+    if n <= chunk:
+        return float(x.std())
+    mean = _pairwise_sum(lambda lo, hi: x[lo:hi], 0, n, chunk) / n
+
+    def squares(lo: int, hi: int) -> np.ndarray:
+        d = x[lo:hi] - mean
+        return np.multiply(d, d, out=d)
+
+    return float(np.sqrt(_pairwise_sum(squares, 0, n, chunk) / n))
+
+
 def distribution(
     values: Sequence[float] | np.ndarray, name: str, unit: str = "_ms", is_sorted: bool = False
 ) -> dict:
@@ -49,7 +83,7 @@ def distribution(
     }
     for key, p in PERCENTILES.items():
         out[f"{key}_{name}{unit}"] = nearest_rank(x, p)
-    out[f"std_{name}{unit}"] = float(x.std())
+    out[f"std_{name}{unit}"] = _std(x)
     return out
 
 
@@ -64,7 +98,10 @@ def summarize(
     prefill_gpus_per_worker: int = 0,
     slo: SloConfig | None = None,
 ) -> dict[str, Any]:
-    """The summary of one run. Aggregated workers count as the decode pool (as in Dynamo)."""
+    """The summary of one run. Aggregated workers count as the decode pool (as in Dynamo).
+
+    `itl_gaps_ms` is sorted, then overwritten, in place when it is writable (the end of a
+    long run cannot afford copies of every inter-token gap)."""
     arrived = requests[requests["arrival_ms"].notna()]
     done = requests[requests["terminal_status"] == COMPLETED]
     duration_ms = float(done["terminal_ms"].max()) if len(done) else 0.0
@@ -88,8 +125,13 @@ def summarize(
     ttst = done["ttst_ms"].dropna().to_numpy()
     tpot = done["itl_ms"].dropna().to_numpy()
     e2e = done["e2e_latency_ms"].dropna().to_numpy()
-    # sorted once: the ITL statistics and (reversed) the per-user token throughput's
-    gaps = np.sort(np.asarray(itl_gaps_ms, dtype=float))
+    # sorted once, in place: the ITL statistics, then (turned into rates, reversed) the
+    # per-user token throughput's
+    gaps = np.asarray(itl_gaps_ms, dtype=float)
+    if gaps.flags.writeable:
+        gaps.sort()
+    else:
+        gaps = np.sort(gaps)
     positive = gaps[np.searchsorted(gaps, 0.0, "right") :]
 
     summary: dict[str, Any] = {
@@ -135,7 +177,8 @@ def summarize(
     summary.update(distribution(e2e, "e2e_latency"))
     summary["max_itl_ms"] = float(gaps[-1]) if len(gaps) else None
     # 1000 / x reverses the order of positive gaps: the ascending rates, element for element
-    rates = (1000.0 / positive)[::-1]
+    # (computed over the gaps, which are not needed any more)
+    rates = np.divide(1000.0, positive, out=positive)[::-1]
     summary.update(distribution(rates, "output_token_throughput_per_user", "", is_sorted=True))
     if slo is not None and (slo.ttft_ms or slo.itl_ms or slo.e2e_ms):
         good = goodput_mask(done, slo)

@@ -140,6 +140,9 @@ class TwinRecorder(Recorder):
         self.ref_kv: list[tuple] = []
         self.pass_calls: list[tuple[str, tuple]] = []
 
+    def forget_rows(self) -> None:
+        """Keep the rows after the run: the tests build the tables from them again."""
+
     def request_terminal(self, req: Request, status: str, now_ms: float, reason: str = "") -> None:
         self.ref_requests.append(reference_row(req, status, now_ms, reason))
         super().request_terminal(req, status, now_ms, reason)
@@ -412,3 +415,18 @@ def test_a_lean_recorder_counts_the_calls_of_a_full_one(config, trace, twin_run)
     assert lean.n_passes == rec.n_passes == len(result.passes)
     assert lean.last_event_ms == max(result.passes.end_ms)
     assert len(passes_table(lean)) == 0
+
+
+def test_a_run_lets_go_of_its_rows_once_the_tables_are_built(config, trace, monkeypatch):
+    """The end of a long run holds each request row once (in the table), not twice."""
+    seen: list[Recorder] = []
+
+    class Watched(Recorder):
+        def __init__(self, **options: Any) -> None:
+            super().__init__(**options)
+            seen.append(self)
+
+    monkeypatch.setattr(sim, "Recorder", Watched)
+    result = sim.simulate(aggregated(config, trace))
+    assert len(result.requests) > 0 and len(result.kv) > 0
+    assert len(seen[0].requests) == 0 and len(seen[0].kv) == 0
