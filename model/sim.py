@@ -247,6 +247,10 @@ def _run(
                     env.step()
                 break
             env.run(until=target)
+            # SimPy (4.1) leaves the stopping event queued at `target` (without callbacks):
+            # step through this instant, or the queue never looks empty
+            while env.peek() == env.now:
+                env.step()
             now_ended = cluster.n_dispatched - cluster.n_in_flight
             bar.update(now_ended - ended)
             ended = now_ended
