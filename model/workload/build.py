@@ -193,7 +193,10 @@ class RequestIds:
             taken = rid in self.explicit
         else:
             taken = rid in self.explicit or (
-                rid.isdigit() and rid == str(int(rid)) and self._line_taken(int(rid))
+                rid.isascii()
+                and rid.isdigit()
+                and rid == str(int(rid))
+                and self._line_taken(int(rid))
             )
         if taken:
             raise TraceError(

@@ -144,6 +144,7 @@ def test_request_ids_clash_with_line_numbers_in_either_order():
     assert ids.take(row(1, None)) == "1"
     assert ids.take(row(2, "a")) == "a"
     assert ids.take(row(3, "01")) == "01"  # not line 1's name
+    assert ids.take(row(6, "²")) == "²"  # a digit, not a line number
     with pytest.raises(TraceError, match=r"f.jsonl:4: request_id '1' is already taken"):
         ids.take(row(4, "1"))
     assert ids.take(row(5, "9")) == "9"
