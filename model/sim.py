@@ -302,12 +302,14 @@ def simulate(cfg: RunConfig) -> Result:
         )
         if streamed is not None:  # single requests read as their arrivals come
             workload = streamed
+            total = None  # not known until the file has been read
             cluster.sessions_dispatch = False
             env.process(
                 open_loop(env, streamed.sessions, cluster.dispatch, cluster.announce_arrival)
             )
         else:
             workload = build_workload(cfg.workload, cfg.load, hasher, streams, rows)
+            total = workload.num_requests
             if isinstance(load, ConcurrencyLoad):
                 closed_loop(env, workload.sessions, cluster.dispatch, load.concurrency)
             else:
@@ -315,7 +317,7 @@ def simulate(cfg: RunConfig) -> Result:
                 env.process(
                     open_loop(env, workload.sessions, cluster.dispatch, cluster.announce_arrival)
                 )
-        _run(env, cluster, None if streamed is not None else workload.num_requests, cfg)
+        _run(env, cluster, total, cfg)
 
     # whatever has not ended was cut off by the stop time
     stopped_at = env.now

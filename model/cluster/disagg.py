@@ -146,8 +146,7 @@ class DisaggCluster(ClusterBase):
         frontend hand-over, a waiting router, a completion that dispatches, a reservation
         whose transfer is not submitted yet) falls back to the next event on the queue."""
         if (
-            self.sessions_dispatch
-            or self.frontend_ms > 0
+            super().completion_dispatches  # sessions, or a frontend hand-over
             or self.unsubmitted
             or any(r.has_waiting for r in self.routers)
         ):

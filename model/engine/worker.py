@@ -226,9 +226,7 @@ class Worker:
                     # only rejections, or a request that preempted itself: a pass of no
                     # length that ends at once
                     if t > env.now:
-                        self.pending_end_ms = t
-                        yield at_time(env, t, self.end_phase)
-                        self.pending_end_ms = None
+                        yield from self._until_pass_end(t)
                     self._end_pass(self._finish(batches, t, t), batches)
                     break
                 for rank in ranks:
@@ -243,9 +241,7 @@ class Worker:
                     # something may happen before this pass ends (or the run may stop):
                     # apply it at its end, as it comes
                     self.busy = True
-                    self.pending_end_ms = end
-                    yield at_time(env, end, self.end_phase)
-                    self.pending_end_ms = None
+                    yield from self._until_pass_end(end)
                     self.busy = False
                     self._end_pass(self._finish(batches, t, end), batches)
                     break
@@ -253,13 +249,17 @@ class Worker:
                 done = self._finish(batches, t, end)
                 if done or any(b.rejected for b in batches):
                     self.busy = True
-                    self.pending_end_ms = end
-                    yield at_time(env, end, self.end_phase)
-                    self.pending_end_ms = None
+                    yield from self._until_pass_end(end)
                     self.busy = False
                     self._end_pass(done, batches)
                     break
                 t = end  # chain the next pass
+
+    def _until_pass_end(self, end: float) -> Generator[simpy.Event, None, None]:
+        """Wait for a pass end, known meanwhile as `pending_end_ms` (see next_end_bound)."""
+        self.pending_end_ms = end
+        yield at_time(self.env, end, self.end_phase)
+        self.pending_end_ms = None
 
     def _end_of(self, batch: Batch, start: float) -> float:
         """When one rank's work starting at `start` ends: start + prefill part + decode part,

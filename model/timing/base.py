@@ -37,9 +37,8 @@ def whole_ns_array(ms: np.ndarray) -> np.ndarray:
     p = (ms / 1000.0) * 1e9
     out = np.rint(p) / 1e6
     near = np.abs(np.abs(p - np.floor(p)) - 0.5) <= 4.0 * np.spacing(p)
-    if near.any():
-        for i in np.flatnonzero(near):
-            out[i] = whole_ns(float(ms[i]))
+    for i in np.flatnonzero(near):
+        out[i] = whole_ns(float(ms[i]))
     return out
 
 

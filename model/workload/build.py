@@ -240,12 +240,10 @@ class StreamedWorkload:
         self._next_idx = 0
         self._t0: float | None = None
         self._last: Request | None = None
-        self.num_requests = 0  # made so far (every row once the run has ended)
 
     def _make(self, row: TraceRow, hashed: bool) -> Request:
         idx = self._next_idx
         self._next_idx += 1
-        self.num_requests += 1
         ts = row.timestamp_ms or 0.0
         if self._t0 is None:
             self._t0 = ts
