@@ -350,7 +350,10 @@ def simulate(cfg: RunConfig) -> Result:
                     if req.terminal_status == "":
                         recorder.request_terminal(req, INCOMPLETE, stopped_at, not_arrived)
 
+    # each table's rows go as soon as it is built: the end of a long run holds the tables,
+    # not the tables and every row they came from
     requests = requests_table(recorder)
+    recorder.table_built("requests")
     plays = pd.DataFrame()
     measured = requests
     if replay is not None:
@@ -360,13 +363,15 @@ def simulate(cfg: RunConfig) -> Result:
         # preparation (primer, warmup) requests are recorded but never measured
         measured = requests[~requests["phase"].isin(agentic_report.PREPARATION)]
     transfers = transfers_table(recorder)
+    recorder.table_built("transfers")
     passes = passes_table(recorder)
+    recorder.table_built("passes")
     kv = kv_table(recorder)
-    recorder.forget_rows()
+    recorder.table_built("kv")
     wall_ms = (time.perf_counter() - wall_start) * 1000.0
     summary = summarize(
         measured,
-        np.frombuffer(recorder.itl_gaps_ms, dtype=float),
+        recorder.itl_gaps_ms,
         **pool_sizes(cfg),
         slo=cfg.slo,
         wall_time_ms=wall_ms,
@@ -388,6 +393,7 @@ def simulate(cfg: RunConfig) -> Result:
         summary["mean_kv_used_ratio"] = float(np.mean(ratios))
     summary.update(tier_summary(cluster.tiers.pools, kv, transfers, activity_end))
     routing = routing_table(recorder)
+    recorder.table_built("routing")
     summary.update(routing_summary(routing))
     summary["terminal_status_counts"] = {
         k: int(v) for k, v in measured["terminal_status"].value_counts().sort_index().items()
@@ -421,6 +427,8 @@ def simulate(cfg: RunConfig) -> Result:
     }
     if replay is not None:
         summary["metadata"].update(agentic_report.metadata(replay, cfg.llm.name, requests))
+    kv_events = kv_events_table(recorder)
+    recorder.table_built("kv_events")
     token_times = {k: np.frombuffer(v, dtype=float) for k, v in recorder.token_times.items()}
     return Result(
         cfg,
@@ -428,7 +436,7 @@ def simulate(cfg: RunConfig) -> Result:
         requests,
         passes,
         kv,
-        kv_events_table(recorder),
+        kv_events,
         transfers,
         routing,
         token_times,

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from model.metrics.gaps import Multiset
 from model.workload.request import Request
 
 # how each request column is stored (see Columns): "d" float, "q" int, "o" object, "c" coded
@@ -138,6 +139,9 @@ ROUTING_COLUMNS = (
     "overlap_regret_blocks",  # best - selected
 )
 
+# the tables built from the rows (see Recorder.table_built)
+TABLES = ("requests", "passes", "kv", "kv_events", "transfers", "routing")
+
 COMPLETED = "completed"
 REJECTED = "rejected"
 INCOMPLETE = "incomplete"
@@ -252,10 +256,12 @@ class Recorder:
         self.transfers: list[tuple] = []
         # values learnt after a request's row was written: (request index, column, value)
         self.late_values = Columns(LATE_COLUMNS)
-        self.itl_gaps_ms = array("d")  # every inter-token gap of every completed request
+        # every inter-token gap of every completed request (as distinct values and counts)
+        self.itl_gaps_ms = Multiset()
         self.token_times: dict[str, array] = {}
         self.last_event_ms = 0.0  # the latest pass end or request end recorded
         self._n_kv_events = 0
+        self._tables_built: set[str] = set()  # whose rows forget_rows lets go of
 
     @property
     def n_passes(self) -> int:
@@ -274,11 +280,33 @@ class Recorder:
             )
         )
 
+    def table_built(self, name: str) -> None:
+        """The `name` table (one of TABLES) is built: its rows can go (see forget_rows)."""
+        if name not in TABLES:
+            raise ValueError(f"unknown table {name!r}: one of {TABLES}")
+        self._tables_built.add(name)
+        self.forget_rows()
+
     def forget_rows(self) -> None:
-        """Let go of the request and KV-level rows once their tables are built (a long run
-        would otherwise hold both at its end)."""
-        self.requests = Columns(REQUEST_FIELDS)
-        self.kv = Columns(KV_COLUMNS)
+        """Let go of the rows of every table built so far, so the end of a long run does not
+        hold one table's rows next to the tables built after it. A recorder whose rows must
+        outlive the run (a test building the tables again) overrides this."""
+        built = self._tables_built
+        if "requests" in built:
+            self.requests = Columns(REQUEST_FIELDS)
+            self.late_values = Columns(LATE_COLUMNS)
+        if "passes" in built and len(self.passes["end_ms"]):
+            self._n_unkept_passes += len(self.passes["end_ms"])  # n_passes still counts them
+            self.passes = {name: array(code) for name, code in PASS_COLUMNS.items()}
+            self._pass_appends = tuple(self.passes[name].append for name in PASS_COLUMNS)
+        if "kv" in built:
+            self.kv = Columns(KV_COLUMNS)
+        if "kv_events" in built:
+            self.kv_events = []
+        if "transfers" in built:
+            self.transfers = []
+        if "routing" in built:
+            self.routing = []
 
     # ------------------------------------------------------------------ requests
 
@@ -297,7 +325,7 @@ class Recorder:
         times = req.token_times_ms
         if status == COMPLETED and times is not None and len(times) >= 2:
             stamps = np.frombuffer(times, dtype=float)
-            self.itl_gaps_ms.frombytes((stamps[1:] - stamps[:-1]).tobytes())
+            self.itl_gaps_ms.extend(stamps[1:] - stamps[:-1])
         if self.per_token and times is not None:
             self.token_times[req.request_id] = times
         req.token_times_ms = None

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from model.config.schema import SloConfig
+from model.metrics.gaps import Multiset
 from model.metrics.recorder import COMPLETED, INCOMPLETE, REJECTED
 from model.metrics.tables import time_weighted_mean
 
@@ -29,9 +30,12 @@ PERCENTILES = {"median": 50, "p75": 75, "p90": 90, "p95": 95, "p99": 99}
 
 def nearest_rank(sorted_values: np.ndarray, p: float) -> float:
     """Value at rank round((n - 1) p / 100), rounding halves up (Dynamo's percentile)."""
-    n = len(sorted_values)
-    rank = math.floor((n - 1) * p / 100 + 0.5)
-    return float(sorted_values[min(rank, n - 1)])
+    return float(sorted_values[_rank(len(sorted_values), p)])
+
+
+def _rank(n: int, p: float) -> int:
+    """The index of the nearest-rank p-th percentile of n sorted values."""
+    return min(math.floor((n - 1) * p / 100 + 0.5), n - 1)
 
 
 # arrays longer than this get their std in pieces of at most this many values (see _std)
@@ -54,18 +58,24 @@ def _pairwise_sum(part: Callable[[int, int], np.ndarray], lo: int, hi: int, chun
 def _std(x: np.ndarray, chunk: int = STD_CHUNK) -> float:
     """`x.std()` to the last bit, without its temporary copy of `x` when `x` is long (a
     million requests' ITL gaps are a gigabyte)."""
+    return _mean_std(lambda lo, hi: x[lo:hi], len(x), chunk)[1]
+
+
+def _mean_std(part: Callable[[int, int], np.ndarray], n: int, chunk: int) -> tuple[float, float]:
+    """`x.mean()` and `x.std()` of the n > 0 values x that `part(lo, hi)` gives as x[lo:hi],
+    to the last bit, asking for at most `chunk` values at a time when n > chunk."""
     if chunk < 128:
         raise ValueError(f"chunk must be >= 128 (numpy's pairwise leaf), got {chunk}")
-    n = len(x)
     if n <= chunk:
-        return float(x.std())
-    mean = _pairwise_sum(lambda lo, hi: x[lo:hi], 0, n, chunk) / n
+        x = part(0, n)
+        return float(x.mean()), float(x.std())
+    mean = _pairwise_sum(part, 0, n, chunk) / n
 
     def squares(lo: int, hi: int) -> np.ndarray:
-        d = x[lo:hi] - mean
+        d = part(lo, hi) - mean
         return np.multiply(d, d, out=d)
 
-    return float(np.sqrt(_pairwise_sum(squares, 0, n, chunk) / n))
+    return mean, float(np.sqrt(_pairwise_sum(squares, 0, n, chunk) / n))
 
 
 def distribution(
@@ -87,9 +97,45 @@ def distribution(
     return out
 
 
+def counted_distribution(
+    values: np.ndarray,
+    counts: np.ndarray,
+    name: str,
+    unit: str = "_ms",
+    chunk: int | None = None,
+) -> dict:
+    """`distribution` of the values `np.repeat(values, counts)` (`values` in non-decreasing
+    order, `counts` > 0), the same floats, without making that array: its mean and std are
+    summed `chunk` (default STD_CHUNK) values at a time in numpy's pairwise order."""
+    ends = np.cumsum(counts)
+    n = int(ends[-1]) if len(ends) else 0
+    if n == 0:
+        return {f"{s}_{name}{unit}": None for s in STAT_KEYS}
+
+    def part(lo: int, hi: int) -> np.ndarray:
+        first = int(np.searchsorted(ends, lo, "right"))
+        last = int(np.searchsorted(ends, hi - 1, "right"))
+        reps = counts[first : last + 1].copy()
+        reps[0] -= lo - (ends[first] - counts[first])
+        reps[-1] -= ends[last] - hi
+        return np.repeat(values[first : last + 1], reps)
+
+    mean, std = _mean_std(part, n, STD_CHUNK if chunk is None else chunk)
+    out = {
+        f"mean_{name}{unit}": mean,
+        f"min_{name}{unit}": float(values[0]),
+        f"max_{name}{unit}": float(values[-1]),
+    }
+    for key, p in PERCENTILES.items():
+        at = int(np.searchsorted(ends, _rank(n, p), "right"))
+        out[f"{key}_{name}{unit}"] = float(values[at])
+    out[f"std_{name}{unit}"] = std
+    return out
+
+
 def summarize(
     requests: pd.DataFrame,
-    itl_gaps_ms: np.ndarray,
+    itl_gaps_ms: Multiset | np.ndarray,
     *,
     decode_workers: int,
     decode_gpus_per_worker: int,
@@ -100,8 +146,8 @@ def summarize(
 ) -> dict[str, Any]:
     """The summary of one run. Aggregated workers count as the decode pool (as in Dynamo).
 
-    `itl_gaps_ms` is sorted, then overwritten, in place when it is writable (the end of a
-    long run cannot afford copies of every inter-token gap)."""
+    `itl_gaps_ms`: every inter-token gap of every completed request, in any order (an array
+    is left as it is)."""
     arrived = requests[requests["arrival_ms"].notna()]
     done = requests[requests["terminal_status"] == COMPLETED]
     duration_ms = float(done["terminal_ms"].max()) if len(done) else 0.0
@@ -125,14 +171,8 @@ def summarize(
     ttst = done["ttst_ms"].dropna().to_numpy()
     tpot = done["itl_ms"].dropna().to_numpy()
     e2e = done["e2e_latency_ms"].dropna().to_numpy()
-    # sorted once, in place: the ITL statistics, then (turned into rates, reversed) the
-    # per-user token throughput's
-    gaps = np.asarray(itl_gaps_ms, dtype=float)
-    if gaps.flags.writeable:
-        gaps.sort()
-    else:
-        gaps = np.sort(gaps)
-    positive = gaps[np.searchsorted(gaps, 0.0, "right") :]
+    gaps = itl_gaps_ms if isinstance(itl_gaps_ms, Multiset) else Multiset.of(itl_gaps_ms)
+    gap_values, gap_counts = gaps.distinct()
 
     summary: dict[str, Any] = {
         "num_requests": int(len(arrived)),
@@ -173,13 +213,18 @@ def summarize(
     }
     for name, values in (("ttft", ttft), ("ttst", ttst), ("tpot", tpot)):
         summary.update(distribution(values, name))
-    summary.update(distribution(gaps, "itl", is_sorted=True))
+    summary.update(counted_distribution(gap_values, gap_counts, "itl"))
     summary.update(distribution(e2e, "e2e_latency"))
-    summary["max_itl_ms"] = float(gaps[-1]) if len(gaps) else None
-    # 1000 / x reverses the order of positive gaps: the ascending rates, element for element
-    # (computed over the gaps, which are not needed any more)
-    rates = np.divide(1000.0, positive, out=positive)[::-1]
-    summary.update(distribution(rates, "output_token_throughput_per_user", "", is_sorted=True))
+    summary["max_itl_ms"] = float(gap_values[-1]) if len(gap_values) else None
+    # 1000 / x reverses the order of the positive gaps: the rates ascending, each as often as
+    # its gap (two gaps may give one rate: non-decreasing is enough)
+    positive = int(np.searchsorted(gap_values, 0.0, "right"))
+    rates = np.divide(1000.0, gap_values[positive:])[::-1]
+    summary.update(
+        counted_distribution(
+            rates, gap_counts[positive:][::-1], "output_token_throughput_per_user", ""
+        )
+    )
     if slo is not None and (slo.ttft_ms or slo.itl_ms or slo.e2e_ms):
         good = goodput_mask(done, slo)
         n_good = int(good.sum())
