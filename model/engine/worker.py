@@ -306,16 +306,27 @@ class Worker:
                 t = end
                 sum_ctx += n
             return ends
-        chunk = VECTOR_MIN_PASSES
+        # the first chunk: every pass up to k_max, or (with a horizon) about as many as the
+        # first pass's length fits before it, so that one round of numpy usually does
+        chunk = k_max
+        if horizon < math.inf:
+            first = self._decode_only_ms(n, sum_ctx)
+            if first > 0:
+                chunk = min(k_max, max(VECTOR_MIN_PASSES, int((horizon - t) / first * 1.25) + 2))
+        decode_ms_array = self.decode_ms_array
+        total = self.total_kv_tokens
         while len(ends) < k_max:
             m = min(chunk, k_max - len(ends))
-            ctx = sum_ctx + n * np.arange(m, dtype=np.int64)
-            ms = self.decode_ms_array(n, ctx, self.total_kv_tokens, ctx // n)
+            ctx = np.arange(sum_ctx, sum_ctx + n * m, n, dtype=np.int64)
+            steps = whole_ns_array(decode_ms_array(n, ctx, total, ctx // n))
             # sequential sums, as `t = t + d` pass after pass
-            stamps = np.cumsum(np.concatenate(((t,), whole_ns_array(ms))))[1:]
-            keep = int(np.searchsorted(stamps, horizon, "left"))  # those ending before it
-            ends.extend(stamps[:keep].tolist())
-            if keep < m:
+            steps[0] += t
+            stamps = np.cumsum(steps, out=steps)
+            if stamps[-1] < horizon:
+                ends.extend(stamps.tolist())
+            else:
+                keep = int(np.searchsorted(stamps, horizon, "left"))  # those ending before it
+                ends.extend(stamps[:keep].tolist())
                 break
             t = ends[-1]
             sum_ctx += n * m

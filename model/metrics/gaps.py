@@ -3,9 +3,11 @@
 The summary's ITL statistics are exact (nearest-rank percentiles, mean, std of every gap), so
 every gap is kept, but gaps are differences of pass end times that many requests share: 100,000
 requests make 14.4 M gaps with 843,519 distinct values. The multiset holds each distinct value
-once with how often it occurs (16 bytes), and the gaps of the latest requests in an append buffer
-that is folded in once it holds at least `fold_at` values and at least as many as there are
-distinct values (so folding costs a bounded amount per gap, and the buffer stays bounded).
+once with how often it occurs (16 bytes), and the latest values in append buffers that are
+folded in once they hold at least `fold_at` values and at least as many as there are distinct
+values (so folding costs a bounded amount per gap, and the buffers stay bounded). A request's gaps
+arrive as its token times (`add_gaps_of`): the buffer keeps the times and their series lengths,
+and the differences are taken in bulk when it is folded, not request by request.
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ class Multiset:
             raise ValueError(f"fold_at must be >= 1, got {fold_at}")
         self.fold_at = fold_at
         self._buffer = array("d")  # added, not yet folded in
+        # series whose consecutive differences are added, not yet folded in: their values
+        # end to end, and each one's length
+        self._series = array("d")
+        self._series_lengths = array("q")
         self._values = np.empty(0, dtype=np.float64)  # distinct, ascending
         self._counts = np.empty(0, dtype=np.int64)  # each > 0
         self.n_folds = 0
@@ -38,20 +44,43 @@ class Multiset:
 
     def extend(self, values: np.ndarray) -> None:
         self._buffer.frombytes(np.ascontiguousarray(values, dtype=np.float64).tobytes())
-        if len(self._buffer) >= max(self.fold_at, len(self._values)):
+        self._fold_if_full()
+
+    def add_gaps_of(self, series: array) -> None:
+        """Add the differences of consecutive values of `series` (a request's token times,
+        an array 'd'): series[i + 1] - series[i] for each i."""
+        if len(series) < 2:
+            return  # no gap
+        self._series.extend(series)
+        self._series_lengths.append(len(series))
+        self._fold_if_full()
+
+    def _fold_if_full(self) -> None:
+        if len(self._buffer) + len(self._series) >= max(self.fold_at, len(self._values)):
             self.fold()
 
     def __len__(self) -> int:
-        return int(self._counts.sum()) + len(self._buffer)
+        n_series = len(self._series) - len(self._series_lengths)  # each gives one gap fewer
+        return int(self._counts.sum()) + len(self._buffer) + n_series
+
+    def _series_gaps(self) -> np.ndarray:
+        """The differences within each buffered series (none across two series)."""
+        values = np.frombuffer(self._series, dtype=np.float64)
+        if len(values) == 0:
+            return values
+        # the difference at position end - 1 spans a series' last value and the next's first
+        ends = np.cumsum(np.frombuffer(self._series_lengths, dtype=np.int64))
+        return np.delete(np.diff(values), ends[:-1] - 1)
 
     def fold(self) -> None:
         """Merge the buffered values into the distinct values and counts."""
-        if not self._buffer:
+        if not self._buffer and not self._series:
             return
-        new, new_counts = np.unique(
-            np.frombuffer(self._buffer, dtype=np.float64), return_counts=True
-        )
+        added = np.concatenate((np.frombuffer(self._buffer, dtype=np.float64), self._series_gaps()))
         self._buffer = array("d")
+        self._series = array("d")
+        self._series_lengths = array("q")
+        new, new_counts = np.unique(added, return_counts=True)
         self.n_folds += 1
         values, counts = self._values, self._counts.copy()  # distinct() may have handed it out
         at = np.searchsorted(values, new)

@@ -323,9 +323,8 @@ class Recorder:
         tpot = (req.last_token_ms - first) / (n - 1) if n >= 2 else NAN
         e2e = req.last_token_ms - req.arrival_ms if n else NAN
         times = req.token_times_ms
-        if status == COMPLETED and times is not None and len(times) >= 2:
-            stamps = np.frombuffer(times, dtype=float)
-            self.itl_gaps_ms.extend(stamps[1:] - stamps[:-1])
+        if status == COMPLETED and times is not None:
+            self.itl_gaps_ms.add_gaps_of(times)
         if self.per_token and times is not None:
             self.token_times[req.request_id] = times
         req.token_times_ms = None

@@ -34,11 +34,19 @@ def whole_ns_array(ms: np.ndarray) -> np.ndarray:
     The float product (ms / 1000) x 1e9 rounds to the same integer as the exact one except
     where it lies within rounding error of a half nanosecond; those elements take the scalar
     rounding."""
-    p = (ms / 1000.0) * 1e9
-    out = np.rint(p) / 1e6
-    near = np.abs(np.abs(p - np.floor(p)) - 0.5) <= 4.0 * np.spacing(p)
-    for i in np.flatnonzero(near):
-        out[i] = whole_ns(float(ms[i]))
+    p = ms / 1000.0
+    p *= 1e9
+    # how far p lies from a half: |p - floor(p) - 0.5|
+    near = np.floor(p)
+    np.subtract(p, near, out=near)
+    near -= 0.5
+    np.abs(near, out=near)
+    suspect = near <= 4.0 * np.spacing(p)
+    out = np.rint(p, out=p)
+    out /= 1e6
+    if suspect.any():
+        for i in np.flatnonzero(suspect):
+            out[i] = whole_ns(float(ms[i]))
     return out
 
 

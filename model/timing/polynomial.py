@@ -47,8 +47,15 @@ class Polynomial:
         if batch <= 0:
             return np.zeros(len(active_kv_tokens))
         if total_kv_tokens > 0:
-            u = np.minimum(1.0, active_kv_tokens / total_kv_tokens)
+            u = active_kv_tokens / total_kv_tokens
+            np.minimum(u, 1.0, out=u)
         else:
             u = np.ones(len(active_kv_tokens))
         c = self.cfg
-        return np.maximum(c.decode_floor_ms, c.decode_a * (u * u) + c.decode_b * u + c.decode_c)
+        # decode_a (u u) + decode_b u + decode_c, in place, in the scalar's order
+        out = u * u
+        out *= c.decode_a
+        u *= c.decode_b
+        out += u
+        out += c.decode_c
+        return np.maximum(out, c.decode_floor_ms, out=out)

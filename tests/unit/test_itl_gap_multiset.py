@@ -13,6 +13,7 @@ and the chunked sums.
 from __future__ import annotations
 
 import math
+from array import array
 from typing import Any
 
 import numpy as np
@@ -102,6 +103,32 @@ def test_statistics_of_the_multiset_are_those_of_the_sorted_gaps(n, fold_at, chu
     assert len(multiset) == n
     assert np.array_equal(multiset.sorted(), np.sort(gaps))
     assert from_multiset(multiset, chunk) == reference(gaps)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    lengths=st.lists(st.integers(0, 60), max_size=80),
+    raw=st.integers(0, 50),
+    fold_at=st.integers(1, 400),
+)
+def test_token_time_series_add_their_consecutive_differences(seed, lengths, raw, fold_at):
+    """`add_gaps_of(times)` adds the gaps within one request's token times and none across
+    two requests (series of 0 or 1 times add nothing), mixed with gaps added as values."""
+    rng = np.random.default_rng(seed)
+    multiset = Multiset(fold_at=fold_at)
+    expected = []
+    for n in lengths:
+        times = np.cumsum(np.round(rng.exponential(5.0, size=n), 3)) + rng.uniform(0, 1e4)
+        multiset.add_gaps_of(array("d", times))
+        expected.append(np.diff(times))
+        if rng.random() < 0.3:
+            values = shared_gaps(rng, raw, n_ends=5, zeros=0.1)
+            multiset.extend(values)
+            expected.append(values)
+    expected_gaps = np.concatenate(expected) if expected else np.empty(0)
+    assert len(multiset) == len(expected_gaps)
+    assert np.array_equal(multiset.sorted(), np.sort(expected_gaps))
 
 
 @pytest.mark.parametrize(
