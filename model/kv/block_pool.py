@@ -236,36 +236,46 @@ class BlockPool:
             return
         refcount = self.refcount
         inactive = self.inactive
-        held = req.held_hashes
         copies = self.copies
-        events = self.pending_events if self.record_events else None
+        # the usual case, content nobody holds or caches: one dict entry each, in one loop
         n_fresh = 0
         for h in hashes:
             if h in refcount or h in inactive or h in copies:
-                self.register(req, h)  # a duplicate copy; keeps its own counts
-                continue
+                break
             refcount[h] = 1
-            held.append(h)
             n_fresh += 1
-            if events is not None:
-                events.append((STORED, h))
+        fresh = hashes if n_fresh == len(hashes) else hashes[:n_fresh]
+        req.held_hashes.extend(fresh)
+        if self.record_events:
+            self.pending_events.extend([(STORED, h) for h in fresh])
         self.n_private -= n_fresh
         req.held_private_blocks -= n_fresh
+        for h in hashes[n_fresh:]:
+            self.register(req, h)  # from the first known content on, block by block
 
     def release(self, req: Request) -> None:
         """`req` lets go of everything it holds; cached blocks join the LRU last block first."""
         refcount = self.refcount
         inactive = self.inactive
         pinned = self.pinned
-        for key in reversed(req.held_hashes):
-            c = refcount[key]
-            if c == 1:
-                del refcount[key]
-                inactive[key] = None
-                if key in pinned:
-                    self.n_pinned_inactive += 1
-            else:
-                refcount[key] = c - 1
+        if pinned:
+            for key in reversed(req.held_hashes):
+                c = refcount[key]
+                if c == 1:
+                    del refcount[key]
+                    inactive[key] = None
+                    if key in pinned:
+                        self.n_pinned_inactive += 1
+                else:
+                    refcount[key] = c - 1
+        else:
+            for key in reversed(req.held_hashes):
+                c = refcount[key]
+                if c == 1:
+                    del refcount[key]
+                    inactive[key] = None
+                else:
+                    refcount[key] = c - 1
         req.held_hashes = []
         self.n_private -= req.held_private_blocks
         req.held_private_blocks = 0

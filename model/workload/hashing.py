@@ -6,7 +6,11 @@ canonical id of trace block k repeated `trace_block_size` times (truncated to th
 engine blocks are then hashed positionally and parent-chained, so two prompts share engine block j
 exactly when their synthesised tokens agree on everything up to the end of block j. Only full
 engine blocks get a hash. A block's id is a 63-bit hash of (parent id, block content), so a block
-id stands for its whole prefix; content nothing else shares (generated tokens, prompts without
+id stands for its whole prefix. When engine blocks tile trace blocks (trace block size a multiple
+of the block size, as in every Mooncake replay), the chain runs over trace blocks instead and the
+id of engine block r inside trace block k is (chain id of k, r) packed into 63 bits: the same
+sharing, one hash per trace block rather than per engine block. Ids are compared within one run
+(one block size, one trace block size); content nothing else shares (generated tokens, prompts without
 hash ids) gets negative ids, a separate space. Two different prefixes share an id only by a
 64-bit hash collision (about 1e-7 for a million distinct blocks), and nothing is stored per
 block, so memory does not grow with the number of distinct prefixes.
@@ -66,14 +70,16 @@ class BlockHasher:
         out: list[int] = []
         parent = ROOT
         if trace_block_size % bs == 0:
-            # every engine block lies inside one trace block: its content is that block's id
+            # every engine block lies inside one trace block, whose content is its id: the
+            # trace blocks are chained, and engine block r of trace block k is the chain id of
+            # k shifted left with r in the low bits (consecutive ids, made in C by `range`)
             per = trace_block_size // bs
-            append = out.append
+            shift = (per - 1).bit_length()
+            chain_mask = MASK63 >> shift
             for k in range(-(-n_full // per)):
-                content = ids[k]
-                for _ in range(min(per, n_full - k * per)):
-                    parent = hash((parent, content)) & MASK63
-                    append(parent)
+                parent = hash((parent, ids[k])) & chain_mask
+                first = parent << shift
+                out.extend(range(first, first + min(per, n_full - k * per)))
             return out
         for j in range(n_full):
             start = j * bs

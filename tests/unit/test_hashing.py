@@ -90,7 +90,9 @@ def test_non_aligned_blocks_share_exact_token_prefix():
     assert all(x != y for x, y in zip(changed_second[1:], a[1:], strict=True))
 
 
-@pytest.mark.parametrize("trace_bs, engine_bs", [(512, 64), (6, 4), (4, 6), (3, 2), (1, 2), (4, 4)])
+@pytest.mark.parametrize(
+    "trace_bs, engine_bs", [(512, 64), (12, 4), (16, 2), (6, 4), (4, 6), (3, 2), (1, 2), (4, 4)]
+)
 def test_shared_block_iff_same_token_prefix(trace_bs, engine_bs):
     """For random prompts over a small id alphabet, two prompts share engine block j exactly
     when their synthesised tokens agree up to the end of block j."""
@@ -104,6 +106,7 @@ def test_shared_block_iff_same_token_prefix(trace_bs, engine_bs):
         hashes = h.prompt_hashes(ids, length, trace_bs)
         toks = tokens(h.canonical(ids), length, trace_bs)
         assert len(hashes) == length // engine_bs
+        assert all(0 <= x < 2**63 for x in hashes)  # int64 block ids (KV events, tables)
         prompts.append((hashes, toks))
     outcomes = set()
     for (ha, ta), (hb, tb) in itertools.combinations(prompts, 2):
