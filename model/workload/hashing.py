@@ -10,8 +10,8 @@ id stands for its whole prefix. When engine blocks tile trace blocks (trace bloc
 of the block size, as in every Mooncake replay), the chain runs over trace blocks instead and the
 id of engine block r inside trace block k is (chain id of k, r) packed into 63 bits: the same
 sharing, one hash per trace block rather than per engine block. Ids are compared within one run
-(one block size, one trace block size); content nothing else shares (generated tokens, prompts without
-hash ids) gets negative ids, a separate space. Two different prefixes share an id only by a
+(one block size, one trace block size). Content nothing else shares (generated tokens, prompts
+without hash ids) gets negative ids, a separate space. Two different prefixes share an id only by a
 64-bit hash collision (about 1e-7 for a million distinct blocks), and nothing is stored per
 block, so memory does not grow with the number of distinct prefixes.
 """
