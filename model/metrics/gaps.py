@@ -27,10 +27,11 @@ class Multiset:
             raise ValueError(f"fold_at must be >= 1, got {fold_at}")
         self.fold_at = fold_at
         self._buffer = array("d")  # added, not yet folded in
-        # series whose consecutive differences are added, not yet folded in: their values
-        # end to end, and each one's length
-        self._series = array("d")
+        # series whose consecutive differences are added, not yet folded in (the arrays
+        # themselves: copying each onto one growing buffer costs more), and their lengths
+        self._series: list[array] = []
         self._series_lengths = array("q")
+        self._n_series_values = 0
         self._values = np.empty(0, dtype=np.float64)  # distinct, ascending
         self._counts = np.empty(0, dtype=np.int64)  # each > 0
         self.n_folds = 0
@@ -51,23 +52,24 @@ class Multiset:
         an array 'd'): series[i + 1] - series[i] for each i."""
         if len(series) < 2:
             return  # no gap
-        self._series.extend(series)
+        self._series.append(series)
         self._series_lengths.append(len(series))
+        self._n_series_values += len(series)
         self._fold_if_full()
 
     def _fold_if_full(self) -> None:
-        if len(self._buffer) + len(self._series) >= max(self.fold_at, len(self._values)):
+        if len(self._buffer) + self._n_series_values >= max(self.fold_at, len(self._values)):
             self.fold()
 
     def __len__(self) -> int:
-        n_series = len(self._series) - len(self._series_lengths)  # each gives one gap fewer
+        n_series = self._n_series_values - len(self._series)  # each gives one gap fewer
         return int(self._counts.sum()) + len(self._buffer) + n_series
 
     def _series_gaps(self) -> np.ndarray:
         """The differences within each buffered series (none across two series)."""
-        values = np.frombuffer(self._series, dtype=np.float64)
-        if len(values) == 0:
-            return values
+        if not self._series:
+            return np.empty(0, dtype=np.float64)
+        values = np.frombuffer(b"".join(self._series), dtype=np.float64)
         # the difference at position end - 1 spans a series' last value and the next's first
         ends = np.cumsum(np.frombuffer(self._series_lengths, dtype=np.int64))
         return np.delete(np.diff(values), ends[:-1] - 1)
@@ -78,8 +80,9 @@ class Multiset:
             return
         added = np.concatenate((np.frombuffer(self._buffer, dtype=np.float64), self._series_gaps()))
         self._buffer = array("d")
-        self._series = array("d")
+        self._series = []
         self._series_lengths = array("q")
+        self._n_series_values = 0
         new, new_counts = np.unique(added, return_counts=True)
         self.n_folds += 1
         values, counts = self._values, self._counts.copy()  # distinct() may have handed it out
