@@ -385,9 +385,8 @@ def simulate(cfg: RunConfig) -> Result:
     summary["skipped_trace_rows"] = skipped.count if skipped is not None else 0
     if skipped is not None and skipped.count:
         summary["skipped_trace_row_examples"] = skipped.examples
-    device_kv = kv[kv["tier"] == "device"] if len(kv) else kv
-    if len(device_kv):
-        used = time_weighted_mean(device_kv, "used_blocks", activity_end)
+    used = time_weighted_mean(kv, "used_blocks", activity_end, "device") if len(kv) else None
+    if used is not None and len(used):
         capacity = {r.name: r.pool.capacity_blocks for w in cluster.workers for r in w.ranks}
         ratios = [u / capacity[name] for name, u in used.items()]
         summary["mean_kv_used_ratio"] = float(np.mean(ratios))

@@ -11,6 +11,15 @@ Eviction is plain LRU over inactive blocks, ordered by when each became unrefere
 lets go of its blocks last block first, so its suffix is evicted before the prefix it shares.
 Fresh allocations use empty blocks before evicting anything.
 
+How it is kept (a block's whole life is a few dict operations, most blocks are never looked up
+again): one dict maps every resident block to its holder count when active, or, when inactive,
+to the negated id of the *release* that made it so. A release appends its blocks, suffix first,
+as one run; the LRU order is the runs in release order. Eviction takes blocks off the oldest run
+without searching: a run none of whose blocks came back to life (acquired, or still held by
+another request when it was released) is evicted as a slice, the others block by block, skipping
+those whose entry no longer names the run. Runs full of such stale entries are compacted once
+they outnumber the inactive blocks.
+
 If two requests compute the same content without seeing each other (both were admitted before
 either registered it), each keeps its own physical copy: both count as active, each is cached
 and evicted on its own, and lookups use the oldest copy. The first copy is keyed by the content
@@ -65,12 +74,20 @@ def evict_oldest(ordered: OrderedDict[Any, None], kept: dict[Any, int], n: int) 
     return victims
 
 
+# runs are compacted when their entries exceed twice the inactive blocks plus this many
+COMPACT_SLACK = 4096
+
+
 class BlockPool:
     __slots__ = (
         "capacity_blocks",
         "enable_caching",
-        "refcount",
-        "inactive",
+        "blocks",
+        "n_inactive",
+        "runs",
+        "_front_run",
+        "_next_run",
+        "_run_entries",
         "copies",
         "n_private",
         "pinned",
@@ -87,8 +104,15 @@ class BlockPool:
     ) -> None:
         self.capacity_blocks = capacity_blocks
         self.enable_caching = enable_caching
-        self.refcount: dict[Key, int] = {}  # active cached blocks: key -> holders
-        self.inactive: OrderedDict[Key, None] = OrderedDict()  # eviction order, oldest first
+        # resident cached blocks: key -> holders (>= 1) while active, -(run id) while inactive
+        self.blocks: dict[Key, int] = {}
+        self.n_inactive = 0
+        # releases that made blocks inactive, by id: [keys in eviction order, next position,
+        # stale (some key may no longer be inactive in this run)]; ids count up from the oldest
+        self.runs: dict[int, list[Any]] = {}
+        self._front_run = 1  # the oldest run that may still hold inactive blocks
+        self._next_run = 1
+        self._run_entries = 0  # keys listed by all runs
         self.copies: dict[int, list[Key]] = {}  # hash -> its copies, oldest first (duplicates only)
         self.n_private = 0  # active blocks without a hash (partial, or caching off)
         # blocks a copy to a lower tier is reading (key -> copies): they keep their place in
@@ -106,23 +130,49 @@ class BlockPool:
     @property
     def n_active(self) -> int:
         """Blocks in use: held by a request, or pinned by a copy out of this pool."""
-        return len(self.refcount) + self.n_private + self.n_pinned_inactive
+        return len(self.blocks) - self.n_inactive + self.n_private + self.n_pinned_inactive
 
     @property
     def n_cached(self) -> int:
         """Cached blocks nobody holds (evictable)."""
-        return len(self.inactive) - self.n_pinned_inactive
+        return self.n_inactive - self.n_pinned_inactive
 
     @property
     def free_blocks(self) -> int:
         """Blocks not held by any request nor pinned (empty or evictable)."""
-        return self.capacity_blocks - len(self.refcount) - self.n_private - self.n_pinned_inactive
+        return (
+            self.capacity_blocks
+            - len(self.blocks)
+            + self.n_inactive
+            - self.n_private
+            - self.n_pinned_inactive
+        )
+
+    @property
+    def refcount(self) -> dict[Key, int]:
+        """Active cached blocks and their holders (a new dict: for inspection)."""
+        return {key: c for key, c in self.blocks.items() if c > 0}
+
+    @property
+    def inactive(self) -> list[Key]:
+        """Inactive blocks, oldest (next to be evicted) first (a new list: for inspection)."""
+        return self._lru_order()
+
+    def _lru_order(self) -> list[Key]:
+        blocks = self.blocks
+        order = []
+        for run_id in range(self._front_run, self._next_run):
+            run = self.runs.get(run_id)
+            if run is not None:
+                tag = -run_id
+                order.extend([k for k in run[0][run[1] :] if blocks.get(k) == tag])
+        return order
 
     # ------------------------------------------------------------------ prefix lookups
 
     def _oldest(self, h: int) -> Key | None:
         """The copy of content `h` that lookups use, or None if `h` is not resident."""
-        if h in self.refcount or h in self.inactive:
+        if h in self.blocks:
             return h
         keys = self.copies.get(h)
         return keys[0] if keys else None
@@ -132,41 +182,42 @@ class BlockPool:
         no free block to reuse (active, or pinned by a copy)."""
         if not self.enable_caching:
             return 0, 0
-        refcount = self.refcount
-        inactive = self.inactive
+        blocks = self.blocks
         pinned = self.pinned
         n = n_active = 0
         for h in hashes:
-            if h in refcount:
-                n_active += 1
-            elif h in inactive:
-                if pinned and h in pinned:
-                    n_active += 1
-            else:
+            c = blocks.get(h)
+            if c is None:
                 key = self._oldest(h)
                 if key is None:
                     break
-                if key in refcount or key in pinned:
+                if blocks[key] > 0 or key in pinned:
                     n_active += 1
+            elif c > 0 or (pinned and h in pinned):
+                n_active += 1
             n += 1
         return n, n_active
 
     def acquire(self, req: Request, hashes: list[int]) -> None:
         """Grant `req` the resident blocks `hashes` (a prefix hit): share or reactivate them."""
-        refcount = self.refcount
-        inactive = self.inactive
+        blocks = self.blocks
         held = req.held_hashes
         for h in hashes:
-            key = h if (h in refcount or h in inactive) else self._oldest(h)
-            assert key is not None, f"block {h} was not resident"
-            c = refcount.get(key)
+            c = blocks.get(h)
+            key: Key = h
             if c is None:
-                del inactive[key]
+                key = self._oldest(h)
+                assert key is not None, f"block {h} was not resident"
+                c = blocks[key]
+            if c < 0:
+                # back to life: its run can no longer be evicted as a slice
+                self.runs[-c][2] = True
+                self.n_inactive -= 1
                 if key in self.pinned:
                     self.n_pinned_inactive -= 1
-                refcount[key] = 1
+                blocks[key] = 1
             else:
-                refcount[key] = c + 1
+                blocks[key] = c + 1
             held.append(key)
 
     # ------------------------------------------------------------------ allocation
@@ -177,22 +228,72 @@ class BlockPool:
             return True
         if n_blocks > self.free_blocks:
             return False
-        empty = self.capacity_blocks - len(self.refcount) - self.n_private - len(self.inactive)
+        empty = self.capacity_blocks - len(self.blocks) - self.n_private
         if n_blocks > empty:
-            copies = self.copies
-            events = self.pending_events if self.record_events else None
-            if self.n_pinned_inactive:
-                victims = evict_oldest(self.inactive, self.pinned, n_blocks - empty)
-            else:
-                popitem = self.inactive.popitem
-                victims = [popitem(False)[0] for _ in range(n_blocks - empty)]  # oldest first
-            for key in victims:
-                if copies or events is not None:
-                    self._evicted(key, events)
-            self.n_evictions += n_blocks - empty
+            self._evict(n_blocks - empty)
         self.n_private += n_blocks
         req.held_private_blocks += n_blocks
         return True
+
+    def _evict(self, n: int) -> None:
+        """Evict the n least recently released blocks that are not pinned (there are n)."""
+        blocks = self.blocks
+        runs = self.runs
+        events = self.pending_events if self.record_events else None
+        # evicted keys are needed for their copies' bookkeeping and `removed` events only
+        victims: list[Key] | None = [] if (self.copies or events is not None) else None
+        pinned = self.pinned if self.n_pinned_inactive else None
+        left = n
+        run_id = self._front_run
+        at_front = True  # no run before this one holds blocks still
+        while left:
+            run = runs.get(run_id)
+            if run is None:  # pragma: no cover - the caller checked there are n to evict
+                raise RuntimeError(f"{left} blocks left to evict and no inactive block")
+            keys, pos, stale = run
+            held_from = -1
+            if not stale and pinned is None:
+                end = min(len(keys), pos + left)
+                taken = keys[pos:end]
+                for key in taken:
+                    del blocks[key]
+                if victims is not None:
+                    victims.extend(taken)
+                left -= end - pos
+                pos = end
+            else:
+                tag = -run_id
+                while pos < len(keys) and left:
+                    key = keys[pos]
+                    pos += 1
+                    if blocks.get(key) != tag:
+                        continue  # came back to life (or was kept) since this run
+                    if pinned is not None and key in pinned:
+                        if held_from < 0:
+                            held_from = pos - 1  # evicted later, from here
+                        continue
+                    del blocks[key]
+                    left -= 1
+                    if victims is not None:
+                        victims.append(key)
+            if held_from >= 0:
+                run[1] = held_from
+                run[2] = True
+                at_front = False
+            else:
+                run[1] = pos
+                if pos == len(keys) and at_front:
+                    del runs[run_id]
+                    self._run_entries -= len(keys)
+                    self._front_run = run_id + 1
+                elif pos < len(keys):
+                    break  # (left is 0)
+            run_id += 1
+        self.n_inactive -= n
+        self.n_evictions += n
+        if victims is not None:
+            for key in victims:
+                self._evicted(key, events)
 
     def _evicted(self, key: Key, events: list[tuple[str, int]] | None) -> None:
         """Bookkeeping after evicting `key`: drop it from its copies; `removed` when it was
@@ -227,22 +328,21 @@ class BlockPool:
                 self.copies[h] = [existing, key]
             else:
                 keys.append(key)
-        self.refcount[key] = 1
+        self.blocks[key] = 1
         req.held_hashes.append(key)
 
     def register_many(self, req: Request, hashes: list[int]) -> None:
         """`register` for consecutive blocks of `req` that became full together."""
         if not self.enable_caching:
             return
-        refcount = self.refcount
-        inactive = self.inactive
+        blocks = self.blocks
         copies = self.copies
         # the usual case, content nobody holds or caches: one dict entry each, in one loop
         n_fresh = 0
         for h in hashes:
-            if h in refcount or h in inactive or h in copies:
+            if h in blocks or h in copies:
                 break
-            refcount[h] = 1
+            blocks[h] = 1
             n_fresh += 1
         fresh = hashes if n_fresh == len(hashes) else hashes[:n_fresh]
         req.held_hashes.extend(fresh)
@@ -255,31 +355,47 @@ class BlockPool:
 
     def release(self, req: Request) -> None:
         """`req` lets go of everything it holds; cached blocks join the LRU last block first."""
-        refcount = self.refcount
-        inactive = self.inactive
-        pinned = self.pinned
-        if pinned:
-            for key in reversed(req.held_hashes):
-                c = refcount[key]
+        held = req.held_hashes
+        if held:
+            blocks = self.blocks
+            run_id = self._next_run
+            tag = -run_id
+            keys = held[::-1]  # eviction order: suffix first
+            n_kept = 0
+            for key in keys:
+                c = blocks[key]
                 if c == 1:
-                    del refcount[key]
-                    inactive[key] = None
-                    if key in pinned:
-                        self.n_pinned_inactive += 1
+                    blocks[key] = tag
                 else:
-                    refcount[key] = c - 1
-        else:
-            for key in reversed(req.held_hashes):
-                c = refcount[key]
-                if c == 1:
-                    del refcount[key]
-                    inactive[key] = None
-                else:
-                    refcount[key] = c - 1
-        req.held_hashes = []
+                    blocks[key] = c - 1
+                    n_kept += 1
+            n_freed = len(keys) - n_kept
+            if n_freed:
+                self._next_run = run_id + 1
+                self.runs[run_id] = [keys, 0, n_kept > 0]
+                self._run_entries += len(keys)
+                self.n_inactive += n_freed
+                pinned = self.pinned
+                if pinned:
+                    self.n_pinned_inactive += sum(
+                        1 for key in keys if key in pinned and blocks[key] == tag
+                    )
+                if self._run_entries > 2 * self.n_inactive + COMPACT_SLACK:
+                    self._compact()
+            req.held_hashes = []
         self.n_private -= req.held_private_blocks
         req.held_private_blocks = 0
         self.generation += 1
+
+    def _compact(self) -> None:
+        """One run of every inactive block, in LRU order, in place of runs of stale entries."""
+        order = self._lru_order()
+        run_id = self._next_run
+        self._next_run = run_id + 1
+        self.blocks.update(dict.fromkeys(order, -run_id))
+        self.runs = {run_id: [order, 0, False]}
+        self._front_run = run_id
+        self._run_entries = len(order)
 
     def pin(self, keys: list[Key]) -> None:
         """A copy out of this pool reads blocks (active ones, by key): released, they keep
@@ -288,9 +404,10 @@ class BlockPool:
 
     def unpin(self, keys: list[Key]) -> None:
         """A copy out of this pool landed: blocks nobody holds become evictable."""
-        inactive = self.inactive
+        blocks = self.blocks
         for key in count_out(self.pinned, keys):
-            if key in inactive:
+            c = blocks.get(key)
+            if c is not None and c < 0:
                 self.n_pinned_inactive -= 1
         self.generation += 1
 

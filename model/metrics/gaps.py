@@ -65,25 +65,43 @@ class Multiset:
         n_series = self._n_series_values - len(self._series)  # each gives one gap fewer
         return int(self._counts.sum()) + len(self._buffer) + n_series
 
-    def _series_gaps(self) -> np.ndarray:
-        """The differences within each buffered series (none across two series)."""
-        if not self._series:
-            return np.empty(0, dtype=np.float64)
-        values = np.frombuffer(b"".join(self._series), dtype=np.float64)
-        # the difference at position end - 1 spans a series' last value and the next's first
-        ends = np.cumsum(np.frombuffer(self._series_lengths, dtype=np.int64))
-        return np.delete(np.diff(values), ends[:-1] - 1)
+    def _added(self) -> np.ndarray:
+        """Every value added since the last fold, in one new array (in no particular order):
+        the buffered values, then the differences within each buffered series."""
+        n_raw = len(self._buffer)
+        out = np.empty(n_raw + self._n_series_values - len(self._series), dtype=np.float64)
+        out[:n_raw] = np.frombuffer(self._buffer, dtype=np.float64)
+        self._buffer = array("d")
+        if self._series:
+            values = np.frombuffer(b"".join(self._series), dtype=np.float64)
+            self._series = []  # the joined copy is all that is left of them
+            diffs = np.diff(values)
+            del values
+            # the difference at position end - 1 spans a series' last value and the next
+            # series' first: not a gap
+            keep = np.ones(len(diffs), dtype=bool)
+            ends = np.cumsum(np.frombuffer(self._series_lengths, dtype=np.int64))
+            keep[ends[:-1] - 1] = False
+            np.compress(keep, diffs, out=out[n_raw:])
+        self._series_lengths = array("q")
+        self._n_series_values = 0
+        return out
 
     def fold(self) -> None:
         """Merge the buffered values into the distinct values and counts."""
         if not self._buffer and not self._series:
             return
-        added = np.concatenate((np.frombuffer(self._buffer, dtype=np.float64), self._series_gaps()))
-        self._buffer = array("d")
-        self._series = []
-        self._series_lengths = array("q")
-        self._n_series_values = 0
-        new, new_counts = np.unique(added, return_counts=True)
+        added = self._added()
+        added.sort()
+        # distinct values of the sorted array and how often each occurs
+        starts = np.empty(len(added), dtype=bool)
+        starts[0] = True
+        np.not_equal(added[1:], added[:-1], out=starts[1:])
+        first = np.flatnonzero(starts)
+        del starts
+        new = added[first]
+        new_counts = np.diff(np.append(first, len(added)))
+        del added, first
         self.n_folds += 1
         values, counts = self._values, self._counts.copy()  # distinct() may have handed it out
         at = np.searchsorted(values, new)

@@ -204,21 +204,31 @@ class Columns:
             column.extend(values)
         rows.clear()
 
-    def array(self, name: str) -> np.ndarray:
-        """One column in row order, as a new numpy array: float64 or int64 for numbers (a float
-        column of ints only is still float64 here: see `ints_only`), objects otherwise."""
+    def array(self, name: str, copy: bool = True) -> np.ndarray:
+        """One column in row order, as a numpy array: float64 or int64 for numbers (a float
+        column of ints only is still float64 here: see `ints_only`), objects otherwise. With
+        `copy=False` a number column is a read-only view of the stored values (valid until the
+        next append), for a caller that copies what it keeps anyway."""
         self.flush()
         column = self.columns[name]
         if isinstance(column, list):
             out = np.empty(len(column), dtype=object)
             out[:] = column
             return out
-        values = np.frombuffer(column, dtype=column.typecode).copy()
-        if self.fields[name] != "c":
-            return values
-        decoded = np.empty(len(self.codes[name]), dtype=object)
-        decoded[:] = list(self.codes[name])
-        return decoded[values]
+        values = np.frombuffer(column, dtype=column.typecode)
+        if self.fields[name] == "c":
+            decoded = np.empty(len(self.codes[name]), dtype=object)
+            decoded[:] = list(self.codes[name])
+            return decoded[values]
+        return values.copy() if copy else values
+
+    def coded(self, name: str) -> tuple[np.ndarray, tuple[Any, ...]]:
+        """A coded column as its codes (a read-only view, valid until the next append) and
+        the value of each code."""
+        self.flush()
+        column = self.columns[name]
+        assert isinstance(column, array) and self.fields[name] == "c"
+        return np.frombuffer(column, dtype=column.typecode), tuple(self.codes[name])
 
 
 class Recorder:

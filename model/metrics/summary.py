@@ -133,6 +133,11 @@ def counted_distribution(
     return out
 
 
+def rows_where(df: pd.DataFrame, mask: pd.Series) -> pd.DataFrame:
+    """`df[mask]`, or `df` itself when the mask keeps every row (no copy of a long table)."""
+    return df if bool(mask.all()) else df[mask]
+
+
 def summarize(
     requests: pd.DataFrame,
     itl_gaps_ms: Multiset | np.ndarray,
@@ -148,8 +153,8 @@ def summarize(
 
     `itl_gaps_ms`: every inter-token gap of every completed request, in any order (an array
     is left as it is)."""
-    arrived = requests[requests["arrival_ms"].notna()]
-    done = requests[requests["terminal_status"] == COMPLETED]
+    arrived = rows_where(requests, requests["arrival_ms"].notna())
+    done = rows_where(requests, requests["terminal_status"] == COMPLETED)
     duration_ms = float(done["terminal_ms"].max()) if len(done) else 0.0
     duration_s = max(duration_ms / 1000.0, 1e-9)
     total_in = int(done["input_length"].sum())
@@ -265,13 +270,12 @@ def tier_summary(
         out[f"{kind}_bytes"] = int(kinds.get(kind, 0))
     for tier in ("host", "disk"):
         mine = [p for p in pools if p.tier == tier]
-        rows = kv[kv["tier"] == tier] if len(kv) else kv
         if not mine:
             out[f"mean_{tier}_used_ratio"] = None
             out[f"{tier}_evicted_blocks"] = 0
             out[f"{tier}_dropped_blocks"] = 0
             continue
-        used = time_weighted_mean(rows, "used_blocks", end_ms) if len(rows) else pd.Series()
+        used = time_weighted_mean(kv, "used_blocks", end_ms, tier) if len(kv) else pd.Series()
         out[f"mean_{tier}_used_ratio"] = float(
             np.mean([used.get(p.name, 0.0) / p.capacity_blocks for p in mine])
         )

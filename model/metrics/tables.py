@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -48,9 +48,10 @@ def requests_table(rec: Recorder) -> pd.DataFrame:
     if not len(store):  # pandas' frame of no records (object columns but the typed ones)
         empty = pd.DataFrame.from_records([], columns=list(store.fields))
         return empty.drop(columns="_idx").astype(REQUEST_DTYPES)
-    idx = store.array("_idx")
+    idx = store.array("_idx", copy=False)
     order = np.argsort(idx, kind="stable")
-    cols = {name: store.array(name)[order] for name in REQUEST_COLUMNS}
+    # each column is copied once, by the reordering; pandas keeps those copies as they are
+    cols = {name: store.array(name, copy=False)[order] for name in REQUEST_COLUMNS}
     absent = {name: cols[by] < 0 for name, by in NULL_WHERE_NEGATIVE.items()}
     ints_only = set(store.ints_only)
     if len(rec.late_values):
@@ -59,7 +60,7 @@ def requests_table(rec: Recorder) -> pd.DataFrame:
         cols[name] = cols[name].astype(np.int64)
     for name, mask in absent.items():
         cols[name] = pd.arrays.IntegerArray(cols[name], mask)
-    return pd.DataFrame(cols).astype(REQUEST_DTYPES)
+    return pd.DataFrame(cols, copy=False).astype(REQUEST_DTYPES)
 
 
 def _apply_late(
@@ -125,12 +126,22 @@ def kv_table(rec: Recorder) -> pd.DataFrame:
     store = rec.kv
     if not len(store):
         df = pd.DataFrame.from_records([], columns=list(store.fields))
-    else:
-        cols = {name: store.array(name) for name in store.fields}
-        for name in store.ints_only:
-            cols[name] = cols[name].astype(np.int64)
-        df = pd.DataFrame(cols)
-    return df.sort_values(["t_ms", "pool"], kind="stable").reset_index(drop=True)
+        return df.sort_values(["t_ms", "pool"], kind="stable").reset_index(drop=True)
+    t = store.array("t_ms", copy=False)
+    pool_codes, pool_names = store.coded("pool")
+    # a stable sort by time, then pool name (np.lexsort: last key first)
+    name_rank = np.argsort(np.argsort(np.array(pool_names, dtype=object), kind="stable"))
+    order = np.lexsort((name_rank[pool_codes], t))
+    cols: dict[str, Any] = {}
+    for name, kind in store.fields.items():
+        if kind == "c":
+            codes, names = store.coded(name)
+            cols[name] = coded_strings(codes[order], names)
+        else:
+            cols[name] = store.array(name, copy=False)[order]
+    for name in store.ints_only:
+        cols[name] = cols[name].astype(np.int64)
+    return pd.DataFrame(cols, copy=False)
 
 
 def kv_events_table(rec: Recorder) -> pd.DataFrame:
@@ -142,16 +153,27 @@ def kv_events_table(rec: Recorder) -> pd.DataFrame:
     return df.drop(columns="worker_order")
 
 
-def time_weighted_mean(kv: pd.DataFrame, column: str, end_ms: float) -> pd.Series:
-    """Per pool, the mean of `column` over [0, end_ms], each value weighted by how long it held.
+def time_weighted_mean(
+    kv: pd.DataFrame, column: str, end_ms: float, tier: str | None = None
+) -> pd.Series:
+    """Per pool (of `tier`, or of every tier), the mean of `column` over [0, end_ms], each
+    value weighted by how long it held.
 
     A level recorded at t[i] holds until t[i+1] (the last one until `end_ms`); before the first
-    record the level is 0.
+    record the level is 0. Only the three columns it reads are taken out of `kv` (a long run's
+    table has millions of rows).
     """
+    pools = kv["pool"].to_numpy()
+    t_all = kv["t_ms"].to_numpy(dtype=float)
+    v_all = kv[column].to_numpy(dtype=float)
+    if tier is not None:
+        mine = (kv["tier"] == tier).to_numpy()
+        pools, t_all, v_all = pools[mine], t_all[mine], v_all[mine]
     out = {}
-    for pool, g in kv.groupby("pool", sort=True):
-        t = g["t_ms"].to_numpy(dtype=float)
-        v = g[column].to_numpy(dtype=float)
+    for pool in sorted(set(pools.tolist())):
+        rows = pools == pool
+        t = t_all[rows]
+        v = v_all[rows]
         if end_ms <= 0:
             out[pool] = float(v[-1])
             continue
