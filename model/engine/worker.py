@@ -339,8 +339,6 @@ class Worker:
         ends."""
         rank = self.ranks[0]
         ends = stretch.ends
-        starts = [start]
-        starts.extend(ends[:-1])
         levels = stretch.levels
         if levels:
             active = array("q")
@@ -352,12 +350,12 @@ class Worker:
                 if (used, cached) != rank.kv_level:
                     rank.kv_level = (used, cached)
                     self.recorder.kv_level(
-                        starts[i], rank.name, "device", used, cached, self.idx, 0
+                        ends[i - 1] if i else start, rank.name, "device", used, cached, self.idx, 0
                     )
             active.extend(array("q", (level,)) * (len(ends) - at))
         else:
             active = array("q", (stretch.active_before,)) * len(ends)
-        self.recorder.pass_stretch(self.idx, starts, ends, stretch.n_decode, active, self.role)
+        self.recorder.pass_stretch(self.idx, start, ends, stretch.n_decode, active, self.role)
         if rank.pool.pending_events:
             events = rank.pool.take_events()
             kv_event = self.recorder.kv_event

@@ -82,7 +82,7 @@ class Multiset:
             keep = np.ones(len(diffs), dtype=bool)
             ends = np.cumsum(np.frombuffer(self._series_lengths, dtype=np.int64))
             keep[ends[:-1] - 1] = False
-            np.compress(keep, diffs, out=out[n_raw:])
+            out[n_raw:] = diffs[keep]
         self._series_lengths = array("q")
         self._n_series_values = 0
         return out

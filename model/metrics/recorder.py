@@ -242,6 +242,12 @@ class Recorder:
         # without the passes table, passes are only counted
         self.pass_table = pass_table
         self._n_unkept_passes = 0  # passes not kept in `passes`
+        # decode stretches (see pass_stretch), kept as runs: per stretch (single passes
+        # recorded before it, worker, passes, decoding sequences, role code, start), and the
+        # end time and active blocks of each of its passes
+        self.stretches: list[tuple[int, int, int, int, int, float]] = []
+        self.stretch_ends = array("d")
+        self.stretch_kv_used = array("q")
         self.kv_listeners: list[Callable[[float, str, str, int], None]] = []
         self.routing: list[tuple] = []
         self.requests = Columns(REQUEST_FIELDS)
@@ -276,7 +282,7 @@ class Recorder:
     @property
     def n_passes(self) -> int:
         """Engine passes recorded, whether or not the passes table keeps them."""
-        return len(self.passes["end_ms"]) + self._n_unkept_passes
+        return len(self.passes["end_ms"]) + len(self.stretch_ends) + self._n_unkept_passes
 
     @property
     def late(self) -> dict[tuple[int, str], Any]:
@@ -305,10 +311,13 @@ class Recorder:
         if "requests" in built:
             self.requests = Columns(REQUEST_FIELDS)
             self.late_values = Columns(LATE_COLUMNS)
-        if "passes" in built and len(self.passes["end_ms"]):
-            self._n_unkept_passes += len(self.passes["end_ms"])  # n_passes still counts them
+        if "passes" in built and self.n_passes > self._n_unkept_passes:
+            self._n_unkept_passes = self.n_passes  # n_passes still counts them
             self.passes = {name: array(code) for name, code in PASS_COLUMNS.items()}
             self._pass_appends = tuple(self.passes[name].append for name in PASS_COLUMNS)
+            self.stretches = []
+            self.stretch_ends = array("d")
+            self.stretch_kv_used = array("q")
         if "kv" in built:
             self.kv = Columns(KV_COLUMNS)
         if "kv_events" in built:
@@ -422,32 +431,74 @@ class Recorder:
     def pass_stretch(
         self,
         worker: int,
-        starts: list[float],
+        start_ms: float,
         ends: list[float],
         decode_seqs: int,
         kv_used_blocks: array,
         role: str,
     ) -> None:
         """`pass_done` for decode-only passes of rank 0 applied at once (decode
-        fast-forward): `decode_seqs` sequences each, `kv_used_blocks` per pass."""
+        fast-forward): back to back from `start_ms`, ending at `ends`, `decode_seqs`
+        sequences each, `kv_used_blocks` per pass."""
         k = len(ends)
         if ends[-1] > self.last_event_ms:
             self.last_event_ms = ends[-1]
         if not self.pass_table:
             self._n_unkept_passes += k
             return
-        p = self.passes
-        zeros = array("i", (0,)) * k
-        p["worker"].extend(array("i", (worker,)) * k)
-        p["dp_rank"].extend(zeros)
-        p["start_ms"].fromlist(starts)
-        p["end_ms"].fromlist(ends)
-        p["prefill_tokens"].extend(array("q", (0,)) * k)
-        p["prefill_seqs"].extend(zeros)
-        p["decode_seqs"].extend(array("i", (decode_seqs,)) * k)
-        p["kv_used_blocks"].extend(kv_used_blocks)
-        p["preemptions"].extend(zeros)
-        p["role"].extend(array("b", (ROLES.index(role),)) * k)
+        self.stretches.append(
+            (
+                len(self.passes["end_ms"]),
+                worker,
+                k,
+                decode_seqs,
+                ROLES.index(role),
+                start_ms,
+            )
+        )
+        self.stretch_ends.fromlist(ends)
+        self.stretch_kv_used.extend(kv_used_blocks)
+
+    def pass_columns(self) -> dict[str, np.ndarray]:
+        """Every kept pass as columns (numpy arrays, in recording order): the passes recorded
+        one by one with the decode stretches' runs expanded among them where they came."""
+        single = {name: np.frombuffer(col, dtype=col.typecode) for name, col in self.passes.items()}
+        if not self.stretches:
+            return single
+        at, worker, k, decode_seqs, role, start = (
+            np.array(c) for c in zip(*self.stretches, strict=True)
+        )
+        ends = np.frombuffer(self.stretch_ends, dtype=np.float64)
+        n_single = len(single["end_ms"])
+        n_stretch = len(ends)
+        # a stretch's j-th run row lands after the single passes recorded before it and the
+        # run rows before it: at its own index among run rows, plus `at`
+        in_stretch = np.zeros(n_single + n_stretch, dtype=bool)
+        in_stretch[np.repeat(at, k) + np.arange(n_stretch)] = True
+        # each pass starts where the previous pass of its stretch ended
+        starts = np.empty(n_stretch)
+        starts[1:] = ends[:-1]
+        first = np.cumsum(k) - k
+        starts[first] = start
+        runs = {
+            "worker": np.repeat(worker, k),
+            "dp_rank": 0,
+            "start_ms": starts,
+            "end_ms": ends,
+            "prefill_tokens": 0,
+            "prefill_seqs": 0,
+            "decode_seqs": np.repeat(decode_seqs, k),
+            "kv_used_blocks": np.frombuffer(self.stretch_kv_used, dtype=np.int64),
+            "preemptions": 0,
+            "role": np.repeat(role, k),
+        }
+        out = {}
+        for name, values in single.items():
+            col = np.empty(n_single + n_stretch, dtype=values.dtype)
+            col[~in_stretch] = values
+            col[in_stretch] = runs[name]
+            out[name] = col
+        return out
 
     def kv_level(
         self,

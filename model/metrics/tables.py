@@ -103,7 +103,7 @@ def _apply_late(
 def passes_table(rec: Recorder) -> pd.DataFrame:
     """One row per engine pass, ordered by end time then worker (fast-forwarded workers
     record ahead of the event loop)."""
-    cols = {name: np.frombuffer(col, dtype=col.typecode) for name, col in rec.passes.items()}
+    cols = rec.pass_columns()
     # a stable sort by end time, then role, worker, rank (np.lexsort: last key first)
     order = np.lexsort((cols["dp_rank"], cols["worker"], cols["role"], cols["end_ms"]))
     data: dict[str, object] = {name: col[order] for name, col in cols.items()}
