@@ -27,6 +27,7 @@ rejected with a reason rather than queued forever.
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -92,7 +93,7 @@ class Stretch:
 
     __slots__ = ("ends", "n_decode", "active_before", "levels", "event_passes")
 
-    def __init__(self, ends: list[float], n_decode: int, active_before: int) -> None:
+    def __init__(self, ends: array[float], n_decode: int, active_before: int) -> None:
         self.ends = ends
         self.n_decode = n_decode
         self.active_before = active_before
@@ -226,7 +227,9 @@ class VllmScheduler:
 
     # ------------------------------------------------------------------ one pass
 
-    def decode_stretch(self, decode_ends: Callable[[int, int, int], list[float]]) -> Stretch | None:
+    def decode_stretch(
+        self, decode_ends: Callable[[int, int, int], array[float]]
+    ) -> Stretch | None:
         """Fast-forward passes that only decode and change nothing but counters and blocks.
 
         When nothing waits and every running request is one decode token short, the next
@@ -293,7 +296,7 @@ class VllmScheduler:
             r.last_token_ms = ends[-1]
             times = r.token_times_ms
             if times is not None:
-                times.fromlist(ends)
+                times.extend(ends)
             if caching:
                 # block j is full once the pass computing its last token ends
                 for j in range(c0 // bs, (c0 + k) // bs):

@@ -289,12 +289,12 @@ class Worker:
 
     def _decode_ends(
         self, start: float, horizon: float, n: int, sum_ctx: int, k_max: int
-    ) -> list[float]:
+    ) -> array[float]:
         """End times of up to `k_max` back-to-back decode passes of `n` sequences from `start`
         (their lengths summing to `sum_ctx`, one token more each pass), as many as end before
         `horizon`. Each pass is priced and added as the pass-by-pass loop does; a timing model
         that prices many passes at once (`decode_ms_array`) gives the same floats in bulk."""
-        ends: list[float] = []
+        ends = array("d")
         t = start
         if self.decode_ms_array is None or k_max < VECTOR_MIN_PASSES:
             price = self._decode_only_ms
@@ -323,10 +323,10 @@ class Worker:
             steps[0] += t
             stamps = np.cumsum(steps, out=steps)
             if stamps[-1] < horizon:
-                ends.extend(stamps.tolist())
+                ends.frombytes(stamps.tobytes())
             else:
                 keep = int(np.searchsorted(stamps, horizon, "left"))  # those ending before it
-                ends.extend(stamps[:keep].tolist())
+                ends.frombytes(stamps[:keep].tobytes())
                 break
             t = ends[-1]
             sum_ctx += n * m

@@ -9,7 +9,7 @@ number instead of a tuple of boxed floats.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -148,6 +148,15 @@ INCOMPLETE = "incomplete"
 NAN = float("nan")
 
 
+def _all_ints(values: tuple[Any, ...]) -> bool:
+    """Whether every value is an int (what an int64 array takes: a float, even 1.0, is not)."""
+    try:
+        array("q", values)
+    except (TypeError, OverflowError):
+        return False
+    return True
+
+
 class Columns:
     """Rows of a fixed schema, kept column by column.
 
@@ -197,9 +206,12 @@ class Columns:
             column = self.columns[name]
             if kind == "c":
                 codes = self.codes[name]
-                column.extend([codes.setdefault(v, len(codes)) for v in values])
+                for v in dict.fromkeys(values):  # new values coded by first appearance
+                    if v not in codes:
+                        codes[v] = len(codes)
+                column.extend(map(codes.__getitem__, values))
                 continue
-            if name in ints_only and any(isinstance(v, float) for v in values):
+            if name in ints_only and not _all_ints(values):
                 ints_only.discard(name)
             column.extend(values)
         rows.clear()
@@ -432,7 +444,7 @@ class Recorder:
         self,
         worker: int,
         start_ms: float,
-        ends: list[float],
+        ends: Sequence[float],
         decode_seqs: int,
         kv_used_blocks: array,
         role: str,
@@ -456,48 +468,50 @@ class Recorder:
                 start_ms,
             )
         )
-        self.stretch_ends.fromlist(ends)
+        self.stretch_ends.extend(ends)
         self.stretch_kv_used.extend(kv_used_blocks)
 
     def pass_columns(self) -> dict[str, np.ndarray]:
-        """Every kept pass as columns (numpy arrays, in recording order): the passes recorded
-        one by one with the decode stretches' runs expanded among them where they came."""
+        """Every kept pass as columns (numpy arrays): the passes recorded one by one, then the
+        decode stretches' runs expanded, and `seq`, each pass's place in recording order."""
         single = {name: np.frombuffer(col, dtype=col.typecode) for name, col in self.passes.items()}
+        n_single = len(single["end_ms"])
         if not self.stretches:
-            return single
+            return {**single, "seq": np.arange(n_single)}
         at, worker, k, decode_seqs, role, start = (
             np.array(c) for c in zip(*self.stretches, strict=True)
         )
         ends = np.frombuffer(self.stretch_ends, dtype=np.float64)
-        n_single = len(single["end_ms"])
         n_stretch = len(ends)
-        # a stretch's j-th run row lands after the single passes recorded before it and the
-        # run rows before it: at its own index among run rows, plus `at`
-        in_stretch = np.zeros(n_single + n_stretch, dtype=bool)
-        in_stretch[np.repeat(at, k) + np.arange(n_stretch)] = True
+        first = np.cumsum(k) - k  # each stretch's first row among the run rows
         # each pass starts where the previous pass of its stretch ended
         starts = np.empty(n_stretch)
         starts[1:] = ends[:-1]
-        first = np.cumsum(k) - k
         starts[first] = start
+        zeros = np.zeros(n_stretch, dtype=np.int8)
         runs = {
             "worker": np.repeat(worker, k),
-            "dp_rank": 0,
+            "dp_rank": zeros,
             "start_ms": starts,
             "end_ms": ends,
-            "prefill_tokens": 0,
-            "prefill_seqs": 0,
+            "prefill_tokens": zeros,
+            "prefill_seqs": zeros,
             "decode_seqs": np.repeat(decode_seqs, k),
             "kv_used_blocks": np.frombuffer(self.stretch_kv_used, dtype=np.int64),
-            "preemptions": 0,
+            "preemptions": zeros,
             "role": np.repeat(role, k),
         }
-        out = {}
-        for name, values in single.items():
-            col = np.empty(n_single + n_stretch, dtype=values.dtype)
-            col[~in_stretch] = values
-            col[in_stretch] = runs[name]
-            out[name] = col
+        out = {
+            name: np.concatenate((values, runs[name].astype(values.dtype, copy=False)))
+            for name, values in single.items()
+        }
+        # recording order: a single pass comes after the run rows of every stretch recorded
+        # before it; a stretch's j-th run row after the `at` single passes recorded before
+        # that stretch and the run rows before it
+        rows_before = np.concatenate(([0], np.cumsum(k)))
+        single_seq = np.arange(n_single)
+        single_seq += rows_before[np.searchsorted(at, single_seq, "right")]
+        out["seq"] = np.concatenate((single_seq, np.repeat(at, k) + np.arange(n_stretch)))
         return out
 
     def kv_level(

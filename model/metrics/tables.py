@@ -102,10 +102,12 @@ def _apply_late(
 
 def passes_table(rec: Recorder) -> pd.DataFrame:
     """One row per engine pass, ordered by end time then worker (fast-forwarded workers
-    record ahead of the event loop)."""
+    record ahead of the event loop; passes alike in all of these stay in recording order)."""
     cols = rec.pass_columns()
-    # a stable sort by end time, then role, worker, rank (np.lexsort: last key first)
-    order = np.lexsort((cols["dp_rank"], cols["worker"], cols["role"], cols["end_ms"]))
+    seq = cols.pop("seq")
+    # a sort by end time, then role, worker, rank, then recording order (np.lexsort: last
+    # key first)
+    order = np.lexsort((seq, cols["dp_rank"], cols["worker"], cols["role"], cols["end_ms"]))
     data: dict[str, object] = {name: col[order] for name, col in cols.items()}
     data["role"] = coded_strings(cast(np.ndarray, data["role"]), ROLES)
     # the columns are fresh copies already: pandas need not copy them again into blocks
