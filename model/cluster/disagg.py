@@ -139,10 +139,12 @@ class DisaggCluster(ClusterBase):
 
         In an open loop of single requests, what reaches a decode rank is a reservation (a
         prefill copy's finish, at a prefill pass end) or a transfer landing (a link timer).
-        A prefill pass can also follow a source release, which happens at a landing or at
-        the end of the pass a decode worker's deferred activation waits for. So: the next
-        arrival or the stop time, every prefill worker's next pass end, every decode worker's
-        pass end that holds deferred commands, every link's next timer. Anything else (a
+        A prefill pass can also follow a source release, which happens at a landing, at the
+        end of the pass a decode worker's deferred activation waits for, or after a
+        reservation that a decode worker's pass end lets through (it frees blocks). So: the
+        next arrival or the stop time, every prefill worker's next pass end, the pass end of
+        every decode worker with deferred commands or a reservation waiting on it, every
+        link's next timer. Anything else (a
         frontend hand-over, a waiting router, a completion that dispatches, a reservation
         whose transfer is not submitted yet) falls back to the next event on the queue."""
         if (
@@ -154,8 +156,9 @@ class DisaggCluster(ClusterBase):
         h = min(self.next_arrival_ms, self.stop_ms)
         for w in self.prefill:
             h = min(h, w.next_end_bound())
+        destinations = self.destinations
         for w in self.decode:
-            if w._deferred:
+            if w._deferred or any(destinations[(w.idx, r.dp_rank)].pending for r in w.ranks):
                 h = min(h, w.next_end_bound())
         for link in self.links.values():
             h = min(h, link.next_event_ms())

@@ -15,10 +15,12 @@ How it is kept (a block's whole life is a few dict operations, most blocks are n
 again): one dict maps every resident block to its holder count when active, or, when inactive,
 to the negated id of the *release* that made it so. A release appends its blocks, suffix first,
 as one run; the LRU order is the runs in release order. Eviction takes blocks off the oldest run
-without searching: a run none of whose blocks came back to life (acquired, or still held by
-another request when it was released) is evicted as a slice, the others block by block, skipping
-those whose entry no longer names the run. Runs full of such stale entries are compacted once
-they outnumber the inactive blocks.
+without searching. A run keeps the range of its keys still to consider: blocks another request
+still held at the release (a shared prefix: the run's tail) are left out of it, and a block
+acquired back from the end of that range shortens it. A run whose range holds only its own
+inactive blocks is evicted as a slice; one with blocks acquired from its middle ("stale") block by
+block, skipping keys whose entry no longer names the run. Runs full of such stale entries are
+compacted once they outnumber the inactive blocks.
 
 If two requests compute the same content without seeing each other (both were admitted before
 either registered it), each keeps its own physical copy: both count as active, each is cached
@@ -108,7 +110,8 @@ class BlockPool:
         self.blocks: dict[Key, int] = {}
         self.n_inactive = 0
         # releases that made blocks inactive, by id: [keys in eviction order, next position,
-        # stale (some key may no longer be inactive in this run)]; ids count up from the oldest
+        # end of the range still to consider, stale (some key in the range may no longer be
+        # inactive in this run)]; ids count up from the oldest
         self.runs: dict[int, list[Any]] = {}
         self._front_run = 1  # the oldest run that may still hold inactive blocks
         self._next_run = 1
@@ -165,7 +168,7 @@ class BlockPool:
             run = self.runs.get(run_id)
             if run is not None:
                 tag = -run_id
-                order.extend([k for k in run[0][run[1] :] if blocks.get(k) == tag])
+                order.extend([k for k in run[0][run[1] : run[2]] if blocks.get(k) == tag])
         return order
 
     # ------------------------------------------------------------------ prefix lookups
@@ -210,8 +213,13 @@ class BlockPool:
                 assert key is not None, f"block {h} was not resident"
                 c = blocks[key]
             if c < 0:
-                # back to life: its run can no longer be evicted as a slice
-                self.runs[-c][2] = True
+                # back to life: the end of its run's range, or a hole in it (stale)
+                run = self.runs[-c]
+                end = run[2] - 1
+                if end >= run[1] and run[0][end] == key:
+                    run[2] = end
+                else:
+                    run[3] = True
                 self.n_inactive -= 1
                 if key in self.pinned:
                     self.n_pinned_inactive -= 1
@@ -250,24 +258,24 @@ class BlockPool:
             run = runs.get(run_id)
             if run is None:  # pragma: no cover - the caller checked there are n to evict
                 raise RuntimeError(f"{left} blocks left to evict and no inactive block")
-            keys, pos, stale = run
+            keys, pos, end, stale = run
             held_from = -1
             if not stale and pinned is None:
-                end = min(len(keys), pos + left)
-                taken = keys[pos:end]
+                stop = min(end, pos + left)
+                taken = keys[pos:stop]
                 for key in taken:
                     del blocks[key]
                 if victims is not None:
                     victims.extend(taken)
-                left -= end - pos
-                pos = end
+                left -= stop - pos
+                pos = stop
             else:
                 tag = -run_id
-                while pos < len(keys) and left:
+                while pos < end and left:
                     key = keys[pos]
                     pos += 1
                     if blocks.get(key) != tag:
-                        continue  # came back to life (or was kept) since this run
+                        continue  # came back to life since this run
                     if pinned is not None and key in pinned:
                         if held_from < 0:
                             held_from = pos - 1  # evicted later, from here
@@ -278,15 +286,15 @@ class BlockPool:
                         victims.append(key)
             if held_from >= 0:
                 run[1] = held_from
-                run[2] = True
+                run[3] = True
                 at_front = False
             else:
                 run[1] = pos
-                if pos == len(keys) and at_front:
+                if pos == end and at_front:
                     del runs[run_id]
                     self._run_entries -= len(keys)
                     self._front_run = run_id + 1
-                elif pos < len(keys):
+                elif pos < end:
                     break  # (left is 0)
             run_id += 1
         self.n_inactive -= n
@@ -361,18 +369,30 @@ class BlockPool:
             run_id = self._next_run
             tag = -run_id
             keys = held[::-1]  # eviction order: suffix first
-            n_kept = 0
+            # the blocks only this request held come first (a shared prefix is the tail)
             for key in keys:
                 c = blocks[key]
-                if c == 1:
-                    blocks[key] = tag
-                else:
-                    blocks[key] = c - 1
-                    n_kept += 1
-            n_freed = len(keys) - n_kept
+                if c != 1:
+                    break
+                blocks[key] = tag
+            else:
+                key = None
+            end = n_freed = len(keys) if key is None else keys.index(key)
+            mixed = False  # blocks freed past a kept one: the run's range holds kept keys
+            if key is not None:
+                for key in keys[end:]:
+                    c = blocks[key]
+                    if c == 1:  # (a holder count that grows again past a shared block)
+                        blocks[key] = tag
+                        n_freed += 1
+                        mixed = True
+                    else:
+                        blocks[key] = c - 1
+                if mixed:
+                    end = len(keys)
             if n_freed:
                 self._next_run = run_id + 1
-                self.runs[run_id] = [keys, 0, n_kept > 0]
+                self.runs[run_id] = [keys, 0, end, mixed]
                 self._run_entries += len(keys)
                 self.n_inactive += n_freed
                 pinned = self.pinned
@@ -393,7 +413,7 @@ class BlockPool:
         run_id = self._next_run
         self._next_run = run_id + 1
         self.blocks.update(dict.fromkeys(order, -run_id))
-        self.runs = {run_id: [order, 0, False]}
+        self.runs = {run_id: [order, 0, len(order), False]}
         self._front_run = run_id
         self._run_entries = len(order)
 

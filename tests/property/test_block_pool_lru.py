@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
+import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -219,3 +221,29 @@ def run_ops(capacity: int, record_events: bool, ops: list[tuple[str, int, int]])
         for a, b, _, _ in slots.values():
             assert a.held_hashes == b.held_hashes
             assert a.held_private_blocks == b.held_private_blocks
+
+
+KINDS = ("admit", "admit", "compute", "compute", "release", "release", "pin", "unpin")
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_pool_follows_the_per_block_lru_on_long_random_runs(seed):
+    """Long seeded sequences (hypothesis keeps its examples short): many evictions of runs
+    that were shortened, made stale, held by pins and compacted."""
+    rng = np.random.default_rng(seed)
+    kept = block_pool.COMPACT_SLACK
+    block_pool.COMPACT_SLACK = int(rng.choice([0, 8, 4096]))
+    try:
+        for _ in range(25):
+            ops = []
+            for _ in range(200):
+                kind = str(rng.choice(KINDS))
+                arg = (
+                    int(rng.integers(0, len(PROMPTS)))
+                    if kind == "admit"
+                    else int(rng.integers(1, 10))
+                )
+                ops.append((kind, int(rng.integers(0, 8)), arg))
+            run_ops(int(rng.integers(4, 21)), bool(rng.integers(0, 2)), ops)
+    finally:
+        block_pool.COMPACT_SLACK = kept

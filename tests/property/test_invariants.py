@@ -296,6 +296,31 @@ link_strategy = st.fixed_dictionaries(
     link={"bandwidth_gbps": None, "timing_mode": "full_prompt", "contention": "per_request"},
     cut=300.0,
 )
+# a decode pass end that frees blocks lets a waiting reservation through, whose source release
+# starts a prefill pass that reaches the other decode worker mid-pass: that worker must not
+# chain past the pass end it then waits for
+@example(
+    rows=[(0, 27, 2, 0), (0, 29, 3, 0), (0, 111, 0, 0), (0, 1, 0, 0)],
+    engine={
+        "num_gpu_blocks": 4,
+        "block_size": 2,
+        "max_num_batched_tokens": 256,
+        "max_num_seqs": 1,
+        "enable_prefix_caching": True,
+        "enable_chunked_prefill": False,
+        "preemption_mode": "lifo",
+        "dp_size": 1,
+    },
+    topology={
+        "kind": "disagg",
+        "num_prefill_workers": 1,
+        "num_decode_workers": 2,
+        "prefill": {"num_gpu_blocks": 56, "dp_size": 1},
+        "decode": {"num_gpu_blocks": 56, "max_num_seqs": 4, "dp_size": 1},
+    },
+    link={"bandwidth_gbps": None, "timing_mode": "full_prompt", "contention": "per_request"},
+    cut=None,
+)
 def test_disagg_loses_nothing_and_fast_forward_changes_nothing(rows, engine, topology, link, cut):
     """Every request of a P/D run ends completed, rejected or incomplete; every pool ends with
     no KV held by finished work; stepping every pass gives the same tables."""
