@@ -129,7 +129,7 @@ class ClusterBase:
                     index.bind_tiers(
                         target, tiers.g2.name, tiers.g3.name if tiers.g3 is not None else None
                     )
-        self.recorder.kv_listeners.append(index.on_event)
+        self.recorder.kv_listeners.append(index.on_events)
 
     def horizon(self) -> float:
         """The earliest time a request could next reach any worker."""

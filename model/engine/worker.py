@@ -157,10 +157,9 @@ class Worker:
         for rank in self.ranks:
             pool = rank.pool
             if pool.pending_events:
-                for kind, h in pool.take_events():
-                    self.recorder.kv_event(
-                        now, rank.name, self.idx, rank.dp_rank, kind, "device", h, self.order
-                    )
+                self.recorder.kv_event_batch(
+                    now, rank.name, self.idx, rank.dp_rank, pool.take_events(), "device", self.order
+                )
             self._sample_kv(rank, now)
 
     def kv_freed(self) -> None:
@@ -357,10 +356,20 @@ class Worker:
             active = array("q", (stretch.active_before,)) * len(ends)
         self.recorder.pass_stretch(self.idx, start, ends, stretch.n_decode, active, self.role)
         if rank.pool.pending_events:
+            # each pass's events together, at its end
             events = rank.pool.take_events()
-            kv_event = self.recorder.kv_event
-            for i, (kind, h) in zip(stretch.event_passes, events, strict=True):
-                kv_event(ends[i], rank.name, self.idx, 0, kind, "device", h, self.order)
+            passes = stretch.event_passes
+            assert len(passes) == len(events)
+            lo = 0
+            while lo < len(events):
+                i = passes[lo]
+                hi = lo + 1
+                while hi < len(events) and passes[hi] == i:
+                    hi += 1
+                self.recorder.kv_event_batch(
+                    ends[i], rank.name, self.idx, 0, events[lo:hi], "device", self.order
+                )
+                lo = hi
 
     def _finish(self, batches: list[Batch], start: float, end: float) -> list[Request]:
         """Apply a pass at its end time: stamp tokens, release finished requests' blocks,
@@ -400,10 +409,9 @@ class Worker:
             )
             pool = rank.pool
             if pool.pending_events:
-                for kind, h in pool.take_events():
-                    self.recorder.kv_event(
-                        end, rank.name, self.idx, rank.dp_rank, kind, "device", h, self.order
-                    )
+                self.recorder.kv_event_batch(
+                    end, rank.name, self.idx, rank.dp_rank, pool.take_events(), "device", self.order
+                )
             self._sample_kv(rank, end)
         return done
 

@@ -260,7 +260,9 @@ class Recorder:
         self.stretches: list[tuple[int, int, int, int, int, float]] = []
         self.stretch_ends = array("d")
         self.stretch_kv_used = array("q")
-        self.kv_listeners: list[Callable[[float, str, str, int], None]] = []
+        # listeners take (t_ms, pool, [(kind, block_hash), ...]): the events of one pool at
+        # one instant, in order
+        self.kv_listeners: list[Callable[[float, str, list[tuple[str, int]]], None]] = []
         self.routing: list[tuple] = []
         self.requests = Columns(REQUEST_FIELDS)
         self.passes: dict[str, array[Any]] = {
@@ -554,14 +556,31 @@ class Recorder:
         worker_order: int,
     ) -> None:
         """A block `stored` in or `removed` from `pool` (a rank's name, e.g. cluster.d0)."""
+        self.kv_event_batch(t_ms, pool, worker, dp_rank, [(kind, block_hash)], tier, worker_order)
+
+    def kv_event_batch(
+        self,
+        t_ms: float,
+        pool: str,
+        worker: int,
+        dp_rank: int,
+        events: list[tuple[str, int]],
+        tier: str,
+        worker_order: int,
+    ) -> None:
+        """`kv_event` for several events of one pool at one instant, in order."""
         for listener in self.kv_listeners:
-            listener(t_ms, pool, kind, block_hash)
+            listener(t_ms, pool, events)
         if not self.keep_kv_events:
             return
-        self.kv_events.append(
-            (t_ms, pool, worker, dp_rank, self._n_kv_events, kind, tier, block_hash, worker_order)
+        first = self._n_kv_events
+        self.kv_events.extend(
+            [
+                (t_ms, pool, worker, dp_rank, first + i, kind, tier, h, worker_order)
+                for i, (kind, h) in enumerate(events)
+            ]
         )
-        self._n_kv_events += 1
+        self._n_kv_events += len(events)
 
     def routed(
         self,

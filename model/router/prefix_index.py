@@ -119,24 +119,40 @@ class PrefixIndex:
     def on_event(self, t_ms: float, pool: str, kind: str, block_hash: int) -> None:
         """A KV event happened at `t_ms` (events of pools the router does not route to are
         ignored)."""
+        self.on_events(t_ms, pool, [(kind, block_hash)])
+
+    def on_events(self, t_ms: float, pool: str, events: list[tuple[str, int]]) -> None:
+        """`on_event` for events of one pool at one instant, in order."""
         target = self.device_pool.get(pool)
         if target is None and pool not in self.tier_blocks:
             return
         if self.lag_ms > 0.0:
-            heapq.heappush(self._due, (t_ms + self.lag_ms, self._seq, pool, kind, block_hash))
-            self._seq += 1
-        elif target is not None:  # the hot path: a device event, seen at once
-            self.n_events += 1
-            holders = self.device.by_block.get(block_hash)
-            if kind == STORED:
-                if holders is None:
-                    self.device.by_block[block_hash] = {target: 1}
-                else:
-                    holders[target] = holders.get(target, 0) + 1
-            else:
-                self.device.remove(target, (block_hash,))
+            for kind, block_hash in events:
+                heapq.heappush(self._due, (t_ms + self.lag_ms, self._seq, pool, kind, block_hash))
+                self._seq += 1
+        elif target is not None:  # the hot path: device events, seen at once
+            self.n_events += len(events)
+            by_block = self.device.by_block
+            for kind, block_hash in events:
+                holders = by_block.get(block_hash)
+                if kind == STORED:
+                    if holders is None:
+                        by_block[block_hash] = {target: 1}
+                    else:
+                        holders[target] = holders.get(target, 0) + 1
+                elif holders is not None:  # (a removal of what was never seen is ignored)
+                    n = holders.get(target)
+                    if n is None:
+                        continue
+                    if n > 1:
+                        holders[target] = n - 1
+                    else:
+                        del holders[target]
+                        if not holders:
+                            del by_block[block_hash]
         else:
-            self._apply(pool, kind, block_hash)
+            for kind, block_hash in events:
+                self._apply(pool, kind, block_hash)
 
     def advance(self, now_ms: float) -> None:
         """Apply every lagged event visible by `now_ms`."""
