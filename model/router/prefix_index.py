@@ -18,17 +18,20 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
+from itertools import groupby
+from operator import itemgetter
 
 from model.kv.block_pool import STORED
 
 
 class Holders:
-    """Block id -> {target: count}: who holds each block."""
+    """Block id -> who holds it: a target id (an int) when one target holds it once, which is
+    most blocks, else {target: count}."""
 
     __slots__ = ("by_block",)
 
     def __init__(self) -> None:
-        self.by_block: dict[int, dict[int, int]] = {}
+        self.by_block: dict[int, int | dict[int, int]] = {}
 
     def add(self, target: int, blocks: Sequence[int]) -> int:
         """Count `blocks` held by `target` once more; returns how many it did not hold."""
@@ -37,11 +40,17 @@ class Holders:
         for h in blocks:
             holders = by_block.get(h)
             if holders is None:
-                by_block[h] = {target: 1}
+                by_block[h] = target
                 new += 1
+            elif holders.__class__ is int:
+                if holders == target:
+                    by_block[h] = {target: 2}
+                else:
+                    by_block[h] = {holders: 1, target: 1}  # type: ignore[dict-item]
+                    new += 1
             else:
-                n = holders.get(target, 0)
-                holders[target] = n + 1
+                n = holders.get(target, 0)  # type: ignore[union-attr]
+                holders[target] = n + 1  # type: ignore[index]
                 new += not n
         return new
 
@@ -51,17 +60,31 @@ class Holders:
         gone = 0
         for h in blocks:
             holders = by_block.get(h)
-            if holders is None or target not in holders:
+            if holders is None:
                 continue  # a removal of what was never seen (e.g. stored before a lag cut-off)
-            n = holders[target] - 1
-            if n:
-                holders[target] = n
+            if holders.__class__ is int:
+                if holders == target:
+                    del by_block[h]
+                    gone += 1
+                continue
+            n = holders.get(target)  # type: ignore[union-attr]
+            if n is None:
+                continue
+            if n > 1:
+                holders[target] = n - 1  # type: ignore[index]
             else:
                 gone += 1
-                del holders[target]
+                del holders[target]  # type: ignore[union-attr]
                 if not holders:
                     del by_block[h]
         return gone
+
+    def holders_of(self, h: int) -> list[int]:
+        """The targets holding block `h` (for inspection)."""
+        holders = self.by_block.get(h)
+        if holders is None:
+            return []
+        return [holders] if holders.__class__ is int else list(holders)  # type: ignore[arg-type]
 
     def depths(self, blocks: Sequence[int], n_targets: int) -> list[int]:
         """For each target, how many leading `blocks` it holds."""
@@ -71,9 +94,12 @@ class Holders:
         depth = 0
         for h in blocks:
             holders = by_block.get(h)
-            if not holders:
+            if holders is None:
                 break
-            now_alive = set(holders) if alive is None else alive.intersection(holders)
+            if holders.__class__ is int:
+                now_alive = {holders} if alive is None or holders in alive else set()
+            else:
+                now_alive = set(holders) if alive is None else alive.intersection(holders)  # type: ignore[arg-type]
             if alive is not None:
                 for t in alive - now_alive:
                     out[t] = depth
@@ -132,24 +158,14 @@ class PrefixIndex:
                 self._seq += 1
         elif target is not None:  # the hot path: device events, seen at once
             self.n_events += len(events)
-            by_block = self.device.by_block
-            for kind, block_hash in events:
-                holders = by_block.get(block_hash)
+            device = self.device
+            # runs of one kind, in order
+            for kind, run in groupby(events, itemgetter(0)):
+                blocks = [h for _, h in run]
                 if kind == STORED:
-                    if holders is None:
-                        by_block[block_hash] = {target: 1}
-                    else:
-                        holders[target] = holders.get(target, 0) + 1
-                elif holders is not None:  # (a removal of what was never seen is ignored)
-                    n = holders.get(target)
-                    if n is None:
-                        continue
-                    if n > 1:
-                        holders[target] = n - 1
-                    else:
-                        del holders[target]
-                        if not holders:
-                            del by_block[block_hash]
+                    device.add(target, blocks)
+                else:
+                    device.remove(target, blocks)
         else:
             for kind, block_hash in events:
                 self._apply(pool, kind, block_hash)

@@ -9,6 +9,8 @@ import math
 import numpy as np
 import pytest
 import simpy
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from model.config.schema import KvRouter as KvRouterConfig
 from model.kv.block_pool import REMOVED, STORED
@@ -394,3 +396,38 @@ def test_expired_bindings_are_dropped_from_the_table():
     env.run(until=1000.0)
     router.submit(req(4, [998], session="later"))
     assert set(router.bindings) == {"late", "later"}
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.booleans(), st.integers(0, 3), st.lists(st.integers(0, 9), max_size=6)),
+        max_size=40,
+    ),
+    st.lists(st.integers(0, 9), max_size=8),
+)
+def test_holders_count_like_a_multiset_of_block_target_pairs(ops, prompt):
+    """Whatever mix of adds and removes (blocks held once or many times, by one target or
+    several): each call returns how many blocks the target gained or lost, and the depths
+    are those of a plain count of (block, target) pairs."""
+    h = Holders()
+    counts: dict[tuple[int, int], int] = {}
+    for is_add, target, blocks in ops:
+        before = {b for (b, t), c in counts.items() if t == target and c > 0}
+        for b in blocks:
+            if is_add:
+                counts[(b, target)] = counts.get((b, target), 0) + 1
+            elif counts.get((b, target), 0) > 0:
+                counts[(b, target)] -= 1
+        after = {b for (b, t), c in counts.items() if t == target and c > 0}
+        got = h.add(target, blocks) if is_add else h.remove(target, blocks)
+        assert got == (len(after - before) if is_add else len(before - after))
+    expected = []
+    for target in range(4):
+        depth = 0
+        while depth < len(prompt) and counts.get((prompt[depth], target), 0) > 0:
+            depth += 1
+        expected.append(depth)
+    assert h.depths(prompt, 4) == expected
+    for b in range(10):
+        assert sorted(h.holders_of(b)) == sorted(t for (x, t), c in counts.items() if x == b and c)
