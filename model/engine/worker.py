@@ -37,9 +37,9 @@ from model.metrics.recorder import Recorder
 from model.timing.base import StepTime, whole_ns, whole_ns_array
 from model.workload.request import Request
 
-# fast-forward prices stretches of at least this many passes in bulk (numpy), in chunks
-# growing from this size; shorter ones pass by pass
-VECTOR_MIN_PASSES = 16
+# fast-forward prices stretches expected to run at least this many passes in bulk (numpy),
+# in chunks of at least this size; shorter ones pass by pass
+VECTOR_MIN_PASSES = 24
 
 
 class Rank:
@@ -295,23 +295,29 @@ class Worker:
         that prices many passes at once (`decode_ms_array`) gives the same floats in bulk."""
         ends = array("d")
         t = start
-        if self.decode_ms_array is None or k_max < VECTOR_MIN_PASSES:
-            price = self._decode_only_ms
-            while len(ends) < k_max:
-                end = t + price(n, sum_ctx)
+        price = self._decode_only_ms
+        first = price(n, sum_ctx)
+        # about how many passes end before the horizon (decode passes lengthen slowly)
+        expected = k_max
+        if horizon < math.inf and first > 0:
+            expected = min(k_max, int((horizon - t) / first) + 1)
+        if self.decode_ms_array is None or expected < VECTOR_MIN_PASSES:
+            # a few passes: one by one (numpy's per-call cost would dominate)
+            duration = first
+            while True:
+                end = t + duration
                 if end >= horizon:
                     break
                 ends.append(end)
+                if len(ends) == k_max:
+                    break
                 t = end
                 sum_ctx += n
+                duration = price(n, sum_ctx)
             return ends
-        # the first chunk: every pass up to k_max, or (with a horizon) about as many as the
-        # first pass's length fits before it, so that one round of numpy usually does
-        chunk = k_max
-        if horizon < math.inf:
-            first = self._decode_only_ms(n, sum_ctx)
-            if first > 0:
-                chunk = min(k_max, max(VECTOR_MIN_PASSES, int((horizon - t) / first * 1.25) + 2))
+        # the first chunk: every pass up to k_max, or (with a horizon) a quarter more than
+        # the first pass's length fits before it, so that one round of numpy usually does
+        chunk = min(k_max, max(VECTOR_MIN_PASSES, int(expected * 1.25) + 2))
         decode_ms_array = self.decode_ms_array
         total = self.total_kv_tokens
         while len(ends) < k_max:
