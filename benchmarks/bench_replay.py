@@ -1097,6 +1097,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child:
         return child_main(*args.child)
+    # output files may go to folders that do not exist yet (a failed write at the end would
+    # lose the whole run)
+    for out in (args.out, args.markdown, args.profile_out):
+        if out:
+            Path(out).parent.mkdir(parents=True, exist_ok=True)
     names = _names(args.cases)
     unknown = [c for c in names if c not in CASES]
     if unknown:
