@@ -300,8 +300,11 @@ class BlockPool:
         self.n_inactive -= n
         self.n_evictions += n
         if victims is not None:
-            for key in victims:
-                self._evicted(key, events)
+            if self.copies:
+                for key in victims:
+                    self._evicted(key, events)
+            elif events is not None:  # no duplicate copies: every key is its content hash
+                events.extend([(REMOVED, key) for key in victims])
 
     def _evicted(self, key: Key, events: list[tuple[str, int]] | None) -> None:
         """Bookkeeping after evicting `key`: drop it from its copies; `removed` when it was
