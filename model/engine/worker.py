@@ -26,6 +26,8 @@ import math
 from array import array
 from collections.abc import Callable, Generator
 from functools import partial
+from itertools import groupby
+from operator import itemgetter
 
 import numpy as np
 import simpy
@@ -363,19 +365,11 @@ class Worker:
         self.recorder.pass_stretch(self.idx, start, ends, stretch.n_decode, active, self.role)
         if rank.pool.pending_events:
             # each pass's events together, at its end
-            events = rank.pool.take_events()
-            passes = stretch.event_passes
-            assert len(passes) == len(events)
-            lo = 0
-            while lo < len(events):
-                i = passes[lo]
-                hi = lo + 1
-                while hi < len(events) and passes[hi] == i:
-                    hi += 1
+            events = zip(stretch.event_passes, rank.pool.take_events(), strict=True)
+            for i, of_pass in groupby(events, itemgetter(0)):
                 self.recorder.kv_event_batch(
-                    ends[i], rank.name, self.idx, 0, events[lo:hi], "device", self.order
+                    ends[i], rank.name, self.idx, 0, [e for _, e in of_pass], "device", self.order
                 )
-                lo = hi
 
     def _finish(self, batches: list[Batch], start: float, end: float) -> list[Request]:
         """Apply a pass at its end time: stamp tokens, release finished requests' blocks,

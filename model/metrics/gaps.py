@@ -6,8 +6,8 @@ requests make 14.4 M gaps with 843,519 distinct values. The multiset holds each 
 once with how often it occurs (16 bytes), and the latest values in append buffers that are
 folded in once they hold at least `fold_at` values and at least as many as there are distinct
 values (so folding costs a bounded amount per gap, and the buffers stay bounded). A request's gaps
-arrive as its token times (`add_gaps_of`): the buffer keeps the times and their series lengths,
-and the differences are taken in bulk when it is folded, not request by request.
+arrive as its token times (`add_gaps_of`): the multiset keeps those arrays and takes their
+differences in bulk when it folds them in, not request by request.
 """
 
 from __future__ import annotations

@@ -115,8 +115,8 @@ def passes_table(rec: Recorder) -> pd.DataFrame:
 
 
 def coded_strings(codes: np.ndarray, names: tuple[str, ...]) -> pd.api.extensions.ExtensionArray:
-    """The text column `names[codes]` as pandas' default `str` dtype, decoded by Arrow (a
-    million codes in milliseconds, where a numpy string array takes a second)."""
+    """The text column `names[codes]` as pandas' default `str` dtype, decoded by Arrow (for
+    1.4 M passes a few times faster than a numpy string array that pandas then converts)."""
     decoded = pa.DictionaryArray.from_arrays(
         pa.array(codes), pa.array(names, pa.large_string())
     ).dictionary_decode()
