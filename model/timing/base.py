@@ -44,9 +44,8 @@ def whole_ns_array(ms: np.ndarray) -> np.ndarray:
     suspect = near <= 4.0 * np.spacing(p)
     out = np.rint(p, out=p)
     out /= 1e6
-    if suspect.any():
-        for i in np.flatnonzero(suspect):
-            out[i] = whole_ns(float(ms[i]))
+    for i in np.flatnonzero(suspect):
+        out[i] = whole_ns(float(ms[i]))
     return out
 
 
