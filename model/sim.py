@@ -12,6 +12,7 @@ import math
 import platform
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -68,14 +69,37 @@ def random_streams(seed: int) -> dict[str, np.random.Generator]:
     return {name: np.random.default_rng(s) for name, s in zip(STREAMS, children, strict=True)}
 
 
+class BuiltOnFirstRead:
+    """A dataclass field holding a DataFrame, or a function that builds it: the first read
+    calls the function and keeps what it returns. The value sits in the instance's
+    `__dict__` under the field's own name, so `vars()` and `dataclasses.replace` carry an
+    unbuilt table along without building it."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, objtype: type | None = None) -> Any:
+        if obj is None:
+            return self
+        value = obj.__dict__[self.name]
+        if callable(value):
+            value = obj.__dict__[self.name] = value()
+        return value
+
+    def __set__(self, obj: Any, value: pd.DataFrame | Callable[[], pd.DataFrame]) -> None:
+        obj.__dict__[self.name] = value
+
+
 @dataclass
 class Result:
-    """Tables and summary of one run."""
+    """Tables and summary of one run. The passes table (a row per engine pass, millions in a
+    long run) is built when it is first read, so a run read only through its summary and
+    requests does not pay for it."""
 
     config: RunConfig
     summary: dict[str, Any]
     requests: pd.DataFrame
-    passes: pd.DataFrame
+    passes: pd.DataFrame  # built on first read: see BuiltOnFirstRead, installed below
     kv: pd.DataFrame
     kv_events: pd.DataFrame
     transfers: pd.DataFrame
@@ -113,6 +137,11 @@ class Result:
                 decode_dp=engines.get("decode", engines.get("aggregated")).dp_size,  # type: ignore[union-attr]
             )
         return out
+
+
+# installed after the dataclass is made, so that `passes` stays a plain required field of the
+# generated __init__ (which then stores through the descriptor)
+setattr(Result, "passes", BuiltOnFirstRead("passes"))  # noqa: B010
 
 
 def write_requests_jsonl(
@@ -364,8 +393,12 @@ def simulate(cfg: RunConfig) -> Result:
         measured = requests[~requests["phase"].isin(agentic_report.PREPARATION)]
     transfers = transfers_table(recorder)
     recorder.table_built("transfers")
-    passes = passes_table(recorder)
-    recorder.table_built("passes")
+
+    def passes() -> pd.DataFrame:
+        table = passes_table(recorder)
+        recorder.table_built("passes")
+        return table
+
     kv = kv_table(recorder)
     recorder.table_built("kv")
     wall_ms = (time.perf_counter() - wall_start) * 1000.0

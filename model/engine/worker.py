@@ -44,6 +44,24 @@ from model.workload.request import Request
 VECTOR_MIN_PASSES = 24
 
 
+def decode_price(step_time: StepTime, total_kv_tokens: int) -> Callable[[int, int], float]:
+    """The decode part of a pass of `n` sequences holding `sum_ctx` tokens, as a function of
+    (n, sum_ctx): `whole_ns(decode_ms(n, sum_ctx, total_kv_tokens, sum_ctx // n))`, in one call
+    when the timing model offers `decode_ms_of` (a pass-by-pass stretch prices each pass)."""
+    decode_ms_of = getattr(step_time, "decode_ms_of", None)
+    if decode_ms_of is not None:
+        decode_ms = decode_ms_of(total_kv_tokens)
+    else:
+
+        def decode_ms(n: int, sum_ctx: int) -> float:
+            return step_time.decode_ms(n, sum_ctx, total_kv_tokens, sum_ctx // n)
+
+    def price(n: int, sum_ctx: int) -> float:
+        return round(round(decode_ms(n, sum_ctx) / 1000.0, 9) * 1e9) / 1e6  # whole_ns, inlined
+
+    return price
+
+
 class Rank:
     """One attention-DP rank of a worker: its scheduler, its KV pool, its name."""
 
@@ -98,6 +116,7 @@ class Worker:
         first = schedulers[0]
         self.block_size = first.block_size
         self.total_kv_tokens = first.pool.capacity_blocks * self.block_size
+        self._decode_only_ms = decode_price(step_time, self.total_kv_tokens)
         # passes ending at one instant complete in worker order
         # (prefill workers before decode workers: `order` counts across pools)
         self.role = role
@@ -283,10 +302,6 @@ class Worker:
             # counted once per sequence), not the pool's active blocks
             end += self._decode_only_ms(n, batch.sum_decode_context)
         return end
-
-    def _decode_only_ms(self, n: int, sum_ctx: int) -> float:
-        """The decode part of a pass of `n` sequences holding `sum_ctx` tokens."""
-        return whole_ns(self.step_time.decode_ms(n, sum_ctx, self.total_kv_tokens, sum_ctx // n))
 
     def _decode_ends(
         self, start: float, horizon: float, n: int, sum_ctx: int, k_max: int
