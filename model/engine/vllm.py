@@ -253,13 +253,17 @@ class VllmScheduler:
         for r in running:
             c = r.num_computed_tokens
             p = r.input_length
-            seq = p + r.num_output_tokens
+            out = r.num_output_tokens
+            seq = p + out
             if c < p or seq - c != 1:
                 return None
-            # passes before the one that emits its last token
-            k_max = min(k_max, r.output_length - r.num_output_tokens - 1)
-            if max_len is not None:
-                k_max = min(k_max, max_len - seq - 1)
+            # passes before the one that emits its last token (compared inline: this loop
+            # runs for every running request at every pass the event loop plans)
+            k = r.output_length - out - 1
+            if k < k_max:
+                k_max = k
+            if max_len is not None and max_len - seq - 1 < k_max:
+                k_max = max_len - seq - 1
             sum_ctx += seq
         if k_max <= 0:
             return None

@@ -252,7 +252,11 @@ class Worker:
                 for rank in ranks:
                     self._sample_kv(rank, t)
                 # lock-step ranks: the pass ends when the slowest rank's work does
-                end = max(self._end_of(b, t) for b in batches)
+                end = (
+                    self._end_of(batches[0], t)
+                    if single is not None
+                    else max(self._end_of(b, t) for b in batches)
+                )
                 # (planning this pass may itself have freed capacity, by preempting)
                 chain = self.fast_forward and not (
                     self.pass_end_pending is not None and self.pass_end_pending(self)

@@ -24,6 +24,43 @@ def test_canonical_ids_by_first_appearance():
     assert h.canonical([8, 9, 7, 9]) == [1, 2, 0, 2]
 
 
+def first_appearance(rows: list[list[int]]) -> list[list[int]]:
+    """The reference renumbering: each id by the order of its first appearance."""
+    seen: dict[int, int] = {}
+    return [[seen.setdefault(h, len(seen)) for h in row] for row in rows]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_canonical_matches_first_appearance_over_many_rows(seed):
+    """Rows that number their ids by first appearance (the fast path), rows that repeat new
+    ids, skip ids, restart or go backwards (the table): always the reference renumbering."""
+    rng = np.random.default_rng(seed)
+    rows, top = [], 0
+    for _ in range(30):
+        kind = rng.integers(5)
+        if kind == 0:  # seen ids, then the next new ones in order
+            row = [int(x) for x in rng.integers(0, top + 1, rng.integers(0, 6))]
+            n_new = int(rng.integers(0, 5))
+            row += list(range(top + 1, top + 1 + n_new))
+            top += n_new
+        elif kind == 1:  # a new id repeated, or two new ids out of order
+            row = [top + 1, top + 1, int(rng.integers(0, top + 1))]
+            if rng.integers(2):
+                row = [top + 2, top + 1]
+            top = max(row)
+        else:  # any ids, large ones and gaps included
+            row = [int(x) for x in rng.integers(0, top + 10, rng.integers(1, 8))]
+            top = max(top, *row)
+            if kind == 2:
+                row.append(2**40 + int(rng.integers(3)))
+        rows.append(row)
+    h = BlockHasher(4)
+    assert [h.canonical(row) for row in rows] == first_appearance(rows)
+    negative = [[0, 1], [-3, 2], [2, 3]]
+    h = BlockHasher(4)
+    assert [h.canonical(row) for row in negative] == first_appearance(negative)
+
+
 def test_ids_above_u32_keep_identity():
     """64-bit ids are not truncated: 2**32 + 1 and 1 are different blocks, equal ids stay equal."""
     h = BlockHasher(4)

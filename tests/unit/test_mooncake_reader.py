@@ -143,6 +143,8 @@ BAD_ROWS = {
     "hash_ids not a list": (_obj(hash_ids=5), "hash_ids must be a list of non-negative integers"),
     "negative hash id": (_obj(hash_ids=[1, -2]), "hash_ids must be a list of non-negative"),
     "string hash id": (_obj(hash_ids=["a"]), "hash_ids must be a list of non-negative"),
+    "bool hash id": (_obj(hash_ids=[1, True]), "hash_ids must be a list of non-negative"),
+    "float hash id": (_obj(hash_ids=[1, 2.0]), "hash_ids must be a list of non-negative"),
     "missing output_length": (_without("output_length"), "trace line 2 is missing output_length"),
     "negative output": (_obj(output_length=-1), "output_length must be >= 0, got -1"),
     "fractional output": (_obj(output_length=1.5), "output_length must be an integer, got 1.5"),
