@@ -394,6 +394,7 @@ def simulate(cfg: RunConfig) -> Result:
     transfers = transfers_table(recorder)
     recorder.table_built("transfers")
 
+    @functools.cache  # once, whichever copy of the result reads it first
     def passes() -> pd.DataFrame:
         table = passes_table(recorder)
         recorder.table_built("passes")

@@ -62,6 +62,51 @@ def decode_price(step_time: StepTime, total_kv_tokens: int) -> Callable[[int, in
     return price
 
 
+class DecodeTable:
+    """The decode part of a pass, in whole nanoseconds, by the decoding sequences' KV tokens,
+    for a timing model whose decode time depends on nothing else (the mocker's polynomial):
+    each value computed once, in bulk, the first time a pass needs it.
+
+    Loads past the pool's tokens cost what a full pool does (utilisation is capped at 1), so
+    the table has one slot per token of the pool. Its memory is zeroed by the OS on first
+    touch: a run pays only for the loads it reaches. 0.0 marks a slot not yet computed (a load
+    whose decode time is 0.0 is computed again each time: the same value)."""
+
+    CHUNK = 4096  # slots computed together on a miss
+
+    def __init__(self, by_kv: Callable[[np.ndarray], np.ndarray], total_kv_tokens: int) -> None:
+        self.by_kv = by_kv
+        self.top = max(total_kv_tokens, 1)
+        self.values = np.zeros(self.top + 1)
+        # read as Python floats, without numpy scalars
+        self._slots = memoryview(self.values)  # type: ignore[arg-type]
+
+    def _fill(self, lo: int, hi: int) -> None:
+        """Compute slots lo..hi (at least a chunk's worth from lo)."""
+        hi = min(self.top, max(hi, lo + self.CHUNK - 1))
+        self.values[lo : hi + 1] = whole_ns_array(self.by_kv(np.arange(lo, hi + 1)))
+
+    def price(self, n: int, sum_ctx: int) -> float:
+        """The decode part of one pass of `n` >= 1 sequences holding `sum_ctx` tokens."""
+        s = sum_ctx if sum_ctx < self.top else self.top
+        ms = self._slots[s]
+        if ms == 0.0:
+            self._fill(s, s)
+            ms = self._slots[s]
+        return ms
+
+    def prices(self, sum_ctx: int, n: int, m: int) -> np.ndarray:
+        """The decode parts of `m` passes of `n` >= 1 sequences, the first holding `sum_ctx`
+        tokens and each later one `n` more (a new array)."""
+        at = np.arange(sum_ctx, sum_ctx + n * m, n)
+        np.minimum(at, self.top, out=at)
+        out = self.values[at]
+        if not out.all():
+            self._fill(int(at[0]), int(at[-1]))
+            out = self.values[at]
+        return out
+
+
 class Rank:
     """One attention-DP rank of a worker: its scheduler, its KV pool, its name."""
 
@@ -116,7 +161,15 @@ class Worker:
         first = schedulers[0]
         self.block_size = first.block_size
         self.total_kv_tokens = first.pool.capacity_blocks * self.block_size
-        self._decode_only_ms = decode_price(step_time, self.total_kv_tokens)
+        # a timing model whose decode time depends on the KV tokens alone is tabulated
+        by_kv_of = getattr(step_time, "decode_ms_by_kv", None)
+        by_kv = by_kv_of(self.total_kv_tokens) if by_kv_of is not None else None
+        self.decode_table = DecodeTable(by_kv, self.total_kv_tokens) if by_kv else None
+        self._decode_only_ms = (
+            self.decode_table.price
+            if self.decode_table is not None
+            else decode_price(step_time, self.total_kv_tokens)
+        )
         # passes ending at one instant complete in worker order
         # (prefill workers before decode workers: `order` counts across pools)
         self.role = role
@@ -322,7 +375,8 @@ class Worker:
         expected = k_max
         if horizon < math.inf and first > 0:
             expected = min(k_max, int((horizon - t) / first) + 1)
-        if self.decode_ms_array is None or expected < VECTOR_MIN_PASSES:
+        table = self.decode_table
+        if (table is None and self.decode_ms_array is None) or expected < VECTOR_MIN_PASSES:
             # a few passes: one by one (numpy's per-call cost would dominate)
             duration = first
             while True:
@@ -343,8 +397,12 @@ class Worker:
         total = self.total_kv_tokens
         while len(ends) < k_max:
             m = min(chunk, k_max - len(ends))
-            ctx = np.arange(sum_ctx, sum_ctx + n * m, n, dtype=np.int64)
-            steps = whole_ns_array(decode_ms_array(n, ctx, total, ctx // n))
+            if table is not None:
+                steps = table.prices(sum_ctx, n, m)
+            else:
+                assert decode_ms_array is not None  # (checked above)
+                ctx = np.arange(sum_ctx, sum_ctx + n * m, n, dtype=np.int64)
+                steps = whole_ns_array(decode_ms_array(n, ctx, total, ctx // n))
             # sequential sums, as `t = t + d` pass after pass
             steps[0] += t
             stamps = np.cumsum(steps, out=steps)

@@ -94,6 +94,22 @@ class Scaled:
 
         return scaled_decode_ms
 
+    def decode_ms_by_kv(self, total_kv_tokens: int) -> Callable[[np.ndarray], np.ndarray] | None:
+        """Decode times of non-empty batches as a function of their KV tokens alone, when the
+        inner model's depend on nothing else (it offers `decode_ms_by_kv`); else None."""
+        by_kv_of = getattr(self.inner, "decode_ms_by_kv", None)
+        if by_kv_of is None:
+            return None
+        inner = by_kv_of(total_kv_tokens)
+        div = self.decode_div
+        if div == 1.0:
+            return inner  # type: ignore[no-any-return]
+
+        def scaled(active_kv_tokens: np.ndarray) -> np.ndarray:
+            return inner(active_kv_tokens) / div  # type: ignore[no-any-return]
+
+        return scaled
+
     def _mixed(
         self, n: int, mean_isl: int, mean_prefix: int, batch: int, mean_context: int
     ) -> float:

@@ -54,6 +54,15 @@ class Polynomial:
 
         return decode_ms
 
+    def decode_ms_by_kv(self, total_kv_tokens: int) -> Callable[[np.ndarray], np.ndarray]:
+        """`decode_ms_array` of a non-empty batch as a function of its KV tokens alone (the
+        batch size and mean context do not enter this model's decode time)."""
+
+        def by_kv(active_kv_tokens: np.ndarray) -> np.ndarray:
+            return self.decode_ms_array(1, active_kv_tokens, total_kv_tokens, active_kv_tokens)
+
+        return by_kv
+
     def decode_ms_array(
         self,
         batch: int,

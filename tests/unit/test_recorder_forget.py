@@ -4,6 +4,7 @@ and the pass count."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -103,3 +104,20 @@ def test_only_known_tables_can_be_named():
     with pytest.raises(ValueError, match="unknown table"):
         rec.table_built("request")
     assert set(TABLES) == set(FRAMES)
+
+
+def test_the_passes_table_is_built_when_first_read(config, trace, monkeypatch):
+    """simulate() returns before building the passes table (a run read through its summary
+    and requests never pays for it); the first read, of the result or of a copy made before
+    it, builds it once and lets go of the rows."""
+    cfg = host_offload(config, trace)
+    result, rec = run(cfg, Recorder, monkeypatch)
+    assert callable(vars(result)["passes"])
+    assert len(rec.passes["end_ms"]) > 0  # the rows wait in the recorder
+    copy = dataclasses.replace(result, token_times={})
+    passes = result.passes
+    assert isinstance(passes, pd.DataFrame) and len(passes) == result.summary["n_passes"] > 0
+    assert result.passes is passes and copy.passes is passes
+    assert len(rec.passes["end_ms"]) == 0
+    kept, _ = run(cfg, Keeping, monkeypatch)
+    pd.testing.assert_frame_equal(passes, kept.passes, check_exact=True)

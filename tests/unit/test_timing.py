@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from tests_support import H100_CFG, LLAMA8B_CFG
 
@@ -13,6 +14,7 @@ from model.config.schema import (
     PolynomialTiming,
     RooflineTiming,
 )
+from model.engine.worker import DecodeTable, decode_price
 from model.timing.base import Scaled
 from model.timing.fixed import Fixed
 from model.timing.interpolated import Interpolated
@@ -78,6 +80,32 @@ def test_decode_ms_of_gives_decode_ms_floats_exactly(model, total):
                 batch,
                 active,
             )
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        Scaled(Polynomial(PolynomialTiming()), 1.0, 1.0),
+        Scaled(Polynomial(PolynomialTiming()), 1.7, 1.3),
+        Scaled(Polynomial(PolynomialTiming(decode_c=-3.0)), 1.0, 1.0),  # the floor binds
+    ],
+)
+def test_decode_table_gives_the_pass_by_pass_price(model):
+    """The tabulated decode part of a pass, one by one or in bulk, is what pricing each pass
+    gives (whole nanoseconds), at any batch size, chunk edges and loads past the pool's."""
+    total = 3 * DecodeTable.CHUNK + 17
+    table = DecodeTable(model.decode_ms_by_kv(total), total)
+    price = decode_price(model, total)
+    rng = np.random.default_rng(0)
+    for n, start, m in [(1, 0, 50), (3, 4090, 40), (7, total - 30, 20), (64, 5, 200)]:
+        expected = [price(n, start + n * j) for j in range(m)]
+        assert table.prices(start, n, m).tolist() == expected
+        assert [table.price(n, start + n * j) for j in range(m)] == expected
+    for s in rng.integers(1, 2 * total, 300):
+        n = int(rng.integers(1, 100))
+        assert table.price(n, int(s)) == price(n, int(s))
+    # a model whose decode time depends on more than the KV tokens is not tabulated
+    assert Scaled(Fixed(FixedTiming()), 1.0, 1.0).decode_ms_by_kv(total) is None
 
 
 def test_fixed_costs_only_when_there_is_work():
