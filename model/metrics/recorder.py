@@ -9,7 +9,7 @@ number instead of a tuple of boxed floats.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -148,6 +148,41 @@ INCOMPLETE = "incomplete"
 NAN = float("nan")
 
 
+class Appended:
+    """Arrays of one typecode appended end to end, read back as one numpy array.
+
+    The arrays are kept as they are and joined a few thousand at a time: one array grown by
+    `extend` would be reallocated, and copied, every time it grows by a sixteenth."""
+
+    JOIN_EVERY = 4096
+
+    __slots__ = ("typecode", "_parts", "_chunks", "_n")
+
+    def __init__(self, typecode: str) -> None:
+        self.typecode = typecode
+        self._parts: list[array[Any]] = []  # appended since the last join
+        self._chunks: list[bytes] = []
+        self._n = 0
+
+    def append(self, values: array[Any]) -> None:
+        """Append `values` (an array of this typecode; kept, not copied, until joined)."""
+        if values.typecode != self.typecode:
+            raise TypeError(f"expected an array {self.typecode!r}, got {values.typecode!r}")
+        self._parts.append(values)
+        self._n += len(values)
+        if len(self._parts) >= self.JOIN_EVERY:
+            self._chunks.append(b"".join(self._parts))
+            self._parts = []
+
+    def __len__(self) -> int:
+        return self._n
+
+    def numpy(self) -> np.ndarray:
+        """Every value appended, in order (a new array)."""
+        joined = b"".join([*self._chunks, *self._parts])
+        return np.frombuffer(joined, dtype=self.typecode)
+
+
 def _all_ints(values: tuple[Any, ...]) -> bool:
     """Whether every value is an int (what an int64 array takes: a float, even 1.0, is not)."""
     try:
@@ -258,8 +293,8 @@ class Recorder:
         # recorded before it, worker, passes, decoding sequences, role code, start), and the
         # end time and active blocks of each of its passes
         self.stretches: list[tuple[int, int, int, int, int, float]] = []
-        self.stretch_ends = array("d")
-        self.stretch_kv_used = array("q")
+        self.stretch_ends = Appended("d")
+        self.stretch_kv_used = Appended("q")
         # listeners take (t_ms, pool, [(kind, block_hash), ...]): the events of one pool at
         # one instant, in order
         self.kv_listeners: list[Callable[[float, str, list[tuple[str, int]]], None]] = []
@@ -330,8 +365,8 @@ class Recorder:
             self.passes = {name: array(code) for name, code in PASS_COLUMNS.items()}
             self._pass_appends = tuple(self.passes[name].append for name in PASS_COLUMNS)
             self.stretches = []
-            self.stretch_ends = array("d")
-            self.stretch_kv_used = array("q")
+            self.stretch_ends = Appended("d")
+            self.stretch_kv_used = Appended("q")
         if "kv" in built:
             self.kv = Columns(KV_COLUMNS)
         if "kv_events" in built:
@@ -446,7 +481,7 @@ class Recorder:
         self,
         worker: int,
         start_ms: float,
-        ends: Sequence[float],
+        ends: array,
         decode_seqs: int,
         kv_used_blocks: array,
         role: str,
@@ -470,8 +505,8 @@ class Recorder:
                 start_ms,
             )
         )
-        self.stretch_ends.extend(ends)
-        self.stretch_kv_used.extend(kv_used_blocks)
+        self.stretch_ends.append(ends)
+        self.stretch_kv_used.append(kv_used_blocks)
 
     def pass_columns(self) -> dict[str, np.ndarray]:
         """Every kept pass as columns (numpy arrays): the passes recorded one by one, then the
@@ -483,7 +518,7 @@ class Recorder:
         at, worker, k, decode_seqs, role, start = (
             np.array(c) for c in zip(*self.stretches, strict=True)
         )
-        ends = np.frombuffer(self.stretch_ends, dtype=np.float64)
+        ends = self.stretch_ends.numpy()
         n_stretch = len(ends)
         first = np.cumsum(k) - k  # each stretch's first row among the run rows
         # each pass starts where the previous pass of its stretch ended
@@ -499,7 +534,7 @@ class Recorder:
             "prefill_tokens": zeros,
             "prefill_seqs": zeros,
             "decode_seqs": np.repeat(decode_seqs, k),
-            "kv_used_blocks": np.frombuffer(self.stretch_kv_used, dtype=np.int64),
+            "kv_used_blocks": self.stretch_kv_used.numpy(),
             "preemptions": zeros,
             "role": np.repeat(role, k),
         }

@@ -22,7 +22,7 @@ import pytest
 
 import model.sim as sim
 from model import simulate
-from model.metrics.recorder import COMPLETED, Columns, Recorder
+from model.metrics.recorder import COMPLETED, Appended, Columns, Recorder
 from model.metrics.tables import REQUEST_DTYPES, kv_table, passes_table, requests_table
 from model.workload.request import Request
 
@@ -430,3 +430,27 @@ def test_a_run_lets_go_of_its_rows_once_the_tables_are_built(config, trace, monk
     result = sim.simulate(aggregated(config, trace))
     assert len(result.requests) > 0 and len(result.kv) > 0
     assert len(seen[0].requests) == 0 and len(seen[0].kv) == 0
+
+
+@pytest.mark.parametrize("join_every", [1, 3, 4096])
+def test_appended_arrays_read_back_end_to_end(join_every, monkeypatch):
+    """Stretch end times and levels are kept as the arrays appended, joined in chunks: read
+    back, they are every value in order, whatever the chunking."""
+    monkeypatch.setattr(Appended, "JOIN_EVERY", join_every)
+    rng = np.random.default_rng(1)
+    floats, ints = Appended("d"), Appended("q")
+    expected_f: list[float] = []
+    expected_q: list[int] = []
+    for _ in range(20):
+        k = int(rng.integers(0, 9))
+        f = array("d", rng.uniform(0, 1e6, k))
+        q = array("q", rng.integers(-5, 1 << 40, k).tolist())
+        floats.append(f)
+        ints.append(q)
+        expected_f += f.tolist()
+        expected_q += q.tolist()
+    assert len(floats) == len(expected_f) and len(ints) == len(expected_q)
+    assert floats.numpy().tolist() == expected_f and floats.numpy().dtype == np.float64
+    assert ints.numpy().tolist() == expected_q and ints.numpy().dtype == np.int64
+    with pytest.raises(TypeError, match="expected an array 'd'"):
+        floats.append(array("q", [1]))
