@@ -32,7 +32,9 @@ time of `simulate()` / of the replay call alone (measured inside the child), pea
 CPU of that one process (`os.wait4` resource usage of the child, ru_maxrss). Repetitions are
 interleaved (servesim, mocker, servesim, mocker, ...) so that load drifting on a shared machine
 hits both sides alike; the median and the minimum are reported, with requests per wall-second
-and the ratios servesim / mocker of wall, simulate(), CPU and peak RSS.
+and the ratios servesim / mocker of wall, simulate(), CPU and peak RSS. `simulate()` returns
+before building the passes table (one row per engine pass; built on the first read of
+`result.passes`); `--read-passes` also times that read, reported apart.
 
 Cases (`--cases`, comma-separated; default conv4,conv1,conv2,synth2):
 
@@ -212,6 +214,10 @@ def child_main(request_path: str, result_path: str) -> int:
         "simulate_s": t3 - t2,
         "summary": {k: s.get(k) for k in REPORTED_KEYS},
     }
+    if request.get("read_passes"):  # simulate() leaves the passes table to its first read
+        t4 = time.perf_counter()
+        out["passes_rows"] = len(result.passes)
+        out["passes_s"] = time.perf_counter() - t4
     if profile_rows is not None:
         out["profile"] = profile_rows
         out["profile_total_s"] = sum(r["tottime_s"] for r in profile_rows)
@@ -255,6 +261,7 @@ class Sample:
     cpu_s: float  # user + sys of the process
     summary: dict[str, Any]
     import_s: float | None = None
+    passes_s: float | None = None  # reading result.passes after simulate() (--read-passes)
 
 
 class RunFailed(RuntimeError):
@@ -294,7 +301,14 @@ def run_servesim(python: str, config: dict[str, Any], tmp: Path, **extra: Any) -
     cmd = [python, str(Path(__file__).resolve()), "--child", str(request), str(result)]
     wall, usage = run_measured(cmd)
     out = json.loads(result.read_text())
-    sample = _sample(wall, usage, out["simulate_s"], out["summary"], import_s=out["import_s"])
+    sample = _sample(
+        wall,
+        usage,
+        out["simulate_s"],
+        out["summary"],
+        import_s=out["import_s"],
+        passes_s=out.get("passes_s"),
+    )
     if "profile" in out:
         sample.summary["_profile"] = out["profile"]
     return sample
@@ -515,7 +529,9 @@ def run_case(
                 assert mocker_python is not None
                 sample = run_mocker(mocker_python, trace, kwargs, tmp)
             else:
-                sample = run_servesim(args.servesim_python, configs[name], tmp)
+                sample = run_servesim(
+                    args.servesim_python, configs[name], tmp, read_passes=args.read_passes
+                )
             variant.samples.append(sample)
             print(
                 f"  [{spec.name} {rep + 1}/{args.repeat}] {variant.label:<30} "
@@ -603,6 +619,11 @@ def variant_stats(v: Variant) -> dict[str, Any]:
             if v.samples[0].import_s is not None
             else None
         ),
+        "passes_s_median": (
+            statistics.median(s.passes_s for s in v.samples if s.passes_s is not None)
+            if v.samples[0].passes_s is not None
+            else None
+        ),
         "num_requests": n,
     }
 
@@ -678,9 +699,16 @@ def case_markdown(case: CaseResult) -> str:
             f"{_ratio(step['peak_rss_mb_median'], ff['peak_rss_mb_median'])} | |"
         )
     imports = stats["servesim"]["import_s_median"]
+    passes = stats["servesim"]["passes_s_median"]
     lines += [
         "",
-        f"servesim's process wall includes {imports:.2f} s to import `model` (median).",
+        f"servesim's process wall includes {imports:.2f} s to import `model` (median)"
+        + (
+            f" and {passes:.2f} s to read `result.passes` after `simulate()` (`--read-passes`: "
+            "the passes table is built on its first read, not by `simulate()`)."
+            if passes is not None
+            else "."
+        ),
         "",
         "Answers (same in every run: " + agreement_stability(case) + "):",
         "",
@@ -1013,6 +1041,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--profile-top", type=int, default=25, help="functions listed per case (25)")
     p.add_argument(
+        "--read-passes",
+        action="store_true",
+        help="after simulate(), also time reading result.passes (the passes table is built on "
+        "its first read); reported apart, not in simulate()",
+    )
+    p.add_argument(
         "--profile-out",
         help="write the pstats file here; with several cases FILE.CASE.prof, or put {case} in it",
     )
@@ -1270,6 +1304,7 @@ def to_json(
                         "peak_rss_mb": s.peak_rss_mb,
                         "cpu_s": s.cpu_s,
                         "import_s": s.import_s,
+                        "passes_s": s.passes_s,
                         "mean_ttft_ms": s.summary.get("mean_ttft_ms"),
                         "completed_requests": s.summary.get("completed_requests"),
                     }

@@ -1,0 +1,50 @@
+"""benchmarks/bench_replay.py's servesim child: what it times and reports."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_replay.py"
+FIXED = {"kind": "fixed", "prefill_ms": 10.0, "decode_ms": 1.0}
+ROWS = [
+    {"timestamp": 7 * k, "input_length": 180, "output_length": 5, "hash_ids": [0, k + 1, k + 2]}
+    for k in range(12)
+]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_replay", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_replay"] = module  # (its dataclasses look their module up)
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules["bench_replay"]
+
+
+@pytest.mark.parametrize("read_passes", [False, True])
+def test_the_child_times_reading_the_passes_table_only_when_asked(
+    bench, config, trace, tmp_path, read_passes
+):
+    cfg = config(
+        workload={"kind": "mooncake", "path": trace(ROWS), "trace_block_size": 64},
+        timing=FIXED,
+        output={"progress": "off"},
+    )
+    request, result = tmp_path / "request.json", tmp_path / "result.json"
+    request.write_text(
+        json.dumps({"config": cfg.model_dump(mode="json"), "read_passes": read_passes})
+    )
+    assert bench.child_main(str(request), str(result)) == 0
+    out = json.loads(result.read_text())
+    assert out["summary"]["completed_requests"] == 12
+    assert out["simulate_s"] > 0 and out["import_s"] >= 0
+    if read_passes:
+        assert out["passes_s"] >= 0 and out["passes_rows"] > 12
+    else:
+        assert "passes_s" not in out and "passes_rows" not in out
