@@ -46,18 +46,13 @@ VECTOR_MIN_PASSES = 24
 
 def decode_price(step_time: StepTime, total_kv_tokens: int) -> Callable[[int, int], float]:
     """The decode part of a pass of `n` sequences holding `sum_ctx` tokens, as a function of
-    (n, sum_ctx): `whole_ns(decode_ms(n, sum_ctx, total_kv_tokens, sum_ctx // n))`, in one call
-    when the timing model offers `decode_ms_of` (a pass-by-pass stretch prices each pass)."""
-    decode_ms_of = getattr(step_time, "decode_ms_of", None)
-    if decode_ms_of is not None:
-        decode_ms = decode_ms_of(total_kv_tokens)
-    else:
-
-        def decode_ms(n: int, sum_ctx: int) -> float:
-            return step_time.decode_ms(n, sum_ctx, total_kv_tokens, sum_ctx // n)
+    (n, sum_ctx): `whole_ns(decode_ms(n, sum_ctx, total_kv_tokens, sum_ctx // n))`, in one
+    call (a stretch priced pass by pass calls it once per pass)."""
+    decode_ms = step_time.decode_ms
 
     def price(n: int, sum_ctx: int) -> float:
-        return round(round(decode_ms(n, sum_ctx) / 1000.0, 9) * 1e9) / 1e6  # whole_ns, inlined
+        ms = decode_ms(n, sum_ctx, total_kv_tokens, sum_ctx // n)
+        return round(round(ms / 1000.0, 9) * 1e9) / 1e6  # whole_ns, inlined
 
     return price
 

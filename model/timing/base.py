@@ -71,29 +71,6 @@ class Scaled:
         # a model that prices many decode passes at once (decode fast-forward uses it)
         self.decode_ms_array = self._decode_array if hasattr(inner, "decode_ms_array") else None
 
-    def decode_ms_of(self, total_kv_tokens: int) -> Callable[[int, int], float]:
-        """`decode_ms(batch, active_kv_tokens, total_kv_tokens, active_kv_tokens // batch)` as
-        a function of the first two: the inner model's own, when it offers one (`decode_ms_of`,
-        without a call per level), else through `decode_ms`."""
-        inner_of = getattr(self.inner, "decode_ms_of", None)
-        if inner_of is None:
-            decode = self.decode_ms
-
-            def decode_ms(batch: int, active_kv_tokens: int) -> float:
-                mean = active_kv_tokens // batch if batch > 0 else 0
-                return decode(batch, active_kv_tokens, total_kv_tokens, mean)
-
-            return decode_ms
-        inner = inner_of(total_kv_tokens)
-        div = self.decode_div
-        if div == 1.0:
-            return inner  # x / 1.0 == x for every float
-
-        def scaled_decode_ms(batch: int, active_kv_tokens: int) -> float:
-            return inner(batch, active_kv_tokens) / div
-
-        return scaled_decode_ms
-
     def decode_ms_by_kv(self, total_kv_tokens: int) -> Callable[[np.ndarray], np.ndarray] | None:
         """Decode times of non-empty batches as a function of their KV tokens alone, when the
         inner model's depend on nothing else (it offers `decode_ms_by_kv`); else None."""

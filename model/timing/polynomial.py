@@ -37,23 +37,6 @@ class Polynomial:
         # a' (u u), in that order, as the mocker evaluates it (to the last bit)
         return max(c.decode_floor_ms, c.decode_a * (u * u) + c.decode_b * u + c.decode_c)
 
-    def decode_ms_of(self, total_kv_tokens: int) -> Callable[[int, int], float]:
-        """`decode_ms(batch, active_kv_tokens, total_kv_tokens, _)` as a function of the first
-        two (the same floats; the pass-by-pass hot path calls it once per pass)."""
-        c = self.cfg
-        a, b, c0, floor = c.decode_a, c.decode_b, c.decode_c, c.decode_floor_ms
-
-        def decode_ms(batch: int, active_kv_tokens: int) -> float:
-            if batch <= 0:
-                return 0.0
-            u = active_kv_tokens / total_kv_tokens if total_kv_tokens > 0 else 1.0
-            if not u < 1.0:
-                u = 1.0  # min(1.0, u)
-            ms = a * (u * u) + b * u + c0
-            return ms if ms > floor else floor  # max(floor, ms)
-
-        return decode_ms
-
     def decode_ms_by_kv(self, total_kv_tokens: int) -> Callable[[np.ndarray], np.ndarray]:
         """`decode_ms_array` of a non-empty batch as a function of its KV tokens alone (the
         batch size and mean context do not enter this model's decode time)."""

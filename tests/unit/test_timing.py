@@ -59,30 +59,6 @@ def test_speedup_ratios_divide_prefill_and_decode():
 
 
 @pytest.mark.parametrize(
-    ("model", "total"),
-    [
-        (Polynomial(PolynomialTiming()), 16384 * 64),
-        (Polynomial(PolynomialTiming(decode_c=-3.0)), 4096),  # the floor binds at low use
-        (Polynomial(PolynomialTiming()), 0),  # no KV capacity: full utilisation
-        (Scaled(Polynomial(PolynomialTiming()), 1.0, 1.0), 16384 * 64),
-        (Scaled(Polynomial(PolynomialTiming()), 2.0, 3.0), 16384 * 64),
-        (Scaled(Fixed(FixedTiming(prefill_ms=10, decode_ms=2)), 1.5, 1.0), 4096),  # generic path
-    ],
-)
-def test_decode_ms_of_gives_decode_ms_floats_exactly(model, total):
-    """The per-pass hot path's `decode_ms_of(total)` is `decode_ms` to the last bit,
-    utilisation above 1 and empty batches included."""
-    of = model.decode_ms_of(total)
-    for batch in (0, 1, 3, 64):
-        for active in (0, 1, 999, 2**20 - 7, 2**20, 5 * 2**20 + 11):
-            mean = active // batch if batch else 0
-            assert of(batch, active) == model.decode_ms(batch, active, total, mean), (
-                batch,
-                active,
-            )
-
-
-@pytest.mark.parametrize(
     "model",
     [
         Scaled(Polynomial(PolynomialTiming()), 1.0, 1.0),
