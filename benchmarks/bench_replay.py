@@ -600,6 +600,12 @@ def _ratio(a: float | None, b: float | None) -> str:
     return "-" if a is None or b is None or b == 0 else f"{a / b:.2f}x"
 
 
+def _median_if_any(values: list[float | None]) -> float | None:
+    """The median of the values measured (None where a sample has none), or None."""
+    measured = [x for x in values if x is not None]
+    return statistics.median(measured) if measured else None
+
+
 def variant_stats(v: Variant) -> dict[str, Any]:
     n = v.num_requests
     wall, sim = v.stat("wall_s"), v.stat("sim_s")
@@ -614,16 +620,8 @@ def variant_stats(v: Variant) -> dict[str, Any]:
         "peak_rss_mb_median": v.stat("peak_rss_mb"),
         "peak_rss_mb_max": max(s.peak_rss_mb for s in v.samples),
         "cpu_s_median": v.stat("cpu_s"),
-        "import_s_median": (
-            statistics.median(s.import_s for s in v.samples if s.import_s is not None)
-            if v.samples[0].import_s is not None
-            else None
-        ),
-        "passes_s_median": (
-            statistics.median(s.passes_s for s in v.samples if s.passes_s is not None)
-            if v.samples[0].passes_s is not None
-            else None
-        ),
+        "import_s_median": _median_if_any([s.import_s for s in v.samples]),
+        "passes_s_median": _median_if_any([s.passes_s for s in v.samples]),
         "num_requests": n,
     }
 

@@ -51,8 +51,7 @@ def decode_price(step_time: StepTime, total_kv_tokens: int) -> Callable[[int, in
     decode_ms = step_time.decode_ms
 
     def price(n: int, sum_ctx: int) -> float:
-        ms = decode_ms(n, sum_ctx, total_kv_tokens, sum_ctx // n)
-        return round(round(ms / 1000.0, 9) * 1e9) / 1e6  # whole_ns, inlined
+        return whole_ns(decode_ms(n, sum_ctx, total_kv_tokens, sum_ctx // n))
 
     return price
 

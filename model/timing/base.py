@@ -79,8 +79,6 @@ class Scaled:
             return None
         inner = by_kv_of(total_kv_tokens)
         div = self.decode_div
-        if div == 1.0:
-            return inner  # type: ignore[no-any-return]
 
         def scaled(active_kv_tokens: np.ndarray) -> np.ndarray:
             return inner(active_kv_tokens) / div  # type: ignore[no-any-return]
