@@ -63,42 +63,58 @@ class DecodeTable:
 
     Loads past the pool's tokens cost what a full pool does (utilisation is capped at 1), so
     the table has one slot per token of the pool. Its memory is zeroed by the OS on first
-    touch: a run pays only for the loads it reaches. 0.0 marks a slot not yet computed (a load
-    whose decode time is 0.0 is computed again each time: the same value)."""
+    touch: a run pays only for the loads it reaches. The computed slots are one range,
+    `lo..hi`, widened (gap included) to take in a load outside it."""
 
-    CHUNK = 4096  # slots computed together on a miss
+    CHUNK = 4096  # slots computed together when the range widens
 
     def __init__(self, by_kv: Callable[[np.ndarray], np.ndarray], total_kv_tokens: int) -> None:
         self.by_kv = by_kv
         self.top = max(total_kv_tokens, 1)
         self.values = np.zeros(self.top + 1)
+        self.lo, self.hi = 1, 0  # nothing computed yet
         # read as Python floats, without numpy scalars
         self._slots = memoryview(self.values)  # type: ignore[arg-type]
 
+    def _cover(self, a: int, b: int) -> None:
+        """Widen the computed range to take in slots a..b (a <= b <= top)."""
+        lo, hi = self.lo, self.hi
+        if lo > hi:  # the first fill: a chunk's worth from a
+            lo, hi = a, min(self.top, max(b, a + self.CHUNK - 1))
+            self._fill(lo, hi)
+        if a < lo:
+            a = max(0, min(a, lo - self.CHUNK))
+            self._fill(a, lo - 1)
+            lo = a
+        if b > hi:
+            b = min(self.top, max(b, hi + self.CHUNK))
+            self._fill(hi + 1, b)
+            hi = b
+        self.lo, self.hi = lo, hi
+
     def _fill(self, lo: int, hi: int) -> None:
-        """Compute slots lo..hi (at least a chunk's worth from lo)."""
-        hi = min(self.top, max(hi, lo + self.CHUNK - 1))
         self.values[lo : hi + 1] = whole_ns_array(self.by_kv(np.arange(lo, hi + 1)))
 
     def price(self, n: int, sum_ctx: int) -> float:
         """The decode part of one pass of `n` >= 1 sequences holding `sum_ctx` tokens."""
         s = sum_ctx if sum_ctx < self.top else self.top
-        ms = self._slots[s]
-        if ms == 0.0:
-            self._fill(s, s)
-            ms = self._slots[s]
-        return ms
+        if not self.lo <= s <= self.hi:
+            self._cover(s, s)
+        return self._slots[s]
 
     def prices(self, sum_ctx: int, n: int, m: int) -> np.ndarray:
         """The decode parts of `m` passes of `n` >= 1 sequences, the first holding `sum_ctx`
         tokens and each later one `n` more (a new array)."""
+        top = self.top
+        first = sum_ctx if sum_ctx < top else top
+        last = sum_ctx + n * (m - 1)
+        if last > top:
+            last = top
+        if first < self.lo or last > self.hi:
+            self._cover(first, last)
         at = np.arange(sum_ctx, sum_ctx + n * m, n)
-        np.minimum(at, self.top, out=at)
-        out = self.values[at]
-        if not out.all():
-            self._fill(int(at[0]), int(at[-1]))
-            out = self.values[at]
-        return out
+        np.minimum(at, top, out=at)
+        return self.values[at]
 
 
 class Rank:

@@ -20,9 +20,14 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 
+import numpy as np
+
 ROOT = 0x5EED  # the parent of a prompt's first block
 MASK63 = (1 << 63) - 1
 UNSHARED = 0xD15C0  # salt of unshared-content ids
+# prompts of at least this many full engine blocks get their ids in bulk (numpy): fewer, and
+# numpy's per-call cost is more than a loop's
+NUMPY_MIN_BLOCKS = 48
 
 
 class BlockHasher:
@@ -72,15 +77,23 @@ class BlockHasher:
         if trace_block_size % bs == 0:
             # every engine block lies inside one trace block, whose content is its id: the
             # trace blocks are chained, and engine block r of trace block k is the chain id of
-            # k shifted left with r in the low bits (consecutive ids, made in C by `range`)
+            # k shifted left with r in the low bits (consecutive ids)
             per = trace_block_size // bs
             shift = (per - 1).bit_length()
             chain_mask = MASK63 >> shift
-            for k in range(-(-n_full // per)):
+            n_chained = -(-n_full // per)
+            if n_full < NUMPY_MIN_BLOCKS:
+                for k in range(n_chained):
+                    parent = hash((parent, ids[k])) & chain_mask
+                    first = parent << shift
+                    out.extend(range(first, first + min(per, n_full - k * per)))
+                return out
+            # a long prompt: the chain in Python, its engine-block ids made in bulk
+            for k in range(n_chained):
                 parent = hash((parent, ids[k])) & chain_mask
-                first = parent << shift
-                out.extend(range(first, first + min(per, n_full - k * per)))
-            return out
+                out.append(parent << shift)
+            ranks = np.arange(per, dtype=np.int64)
+            return (np.array(out, dtype=np.int64)[:, None] | ranks).ravel()[:n_full].tolist()
         for j in range(n_full):
             start = j * bs
             parent = hash((parent, _runs(ids, start, start + bs, trace_block_size))) & MASK63

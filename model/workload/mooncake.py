@@ -59,8 +59,9 @@ def parse_row(obj: Any, where: str, line: int, trace_block_size: int) -> TraceRo
     hash_ids = obj.get("hash_ids")
     if hash_ids is None:
         raise TraceError(f"{where}: trace line {line} is missing hash_ids")
-    if not isinstance(hash_ids, list) or not all(
-        isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in hash_ids
+    # (checked in C: every element exactly an int, so no bool, and none negative)
+    if not isinstance(hash_ids, list) or (
+        hash_ids and (set(map(type, hash_ids)) != {int} or min(hash_ids) < 0)
     ):
         raise TraceError(f"{where}: hash_ids must be a list of non-negative integers")
     out = _field(obj, "output_length", "output_tokens")

@@ -8,6 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
+from model.workload import hashing
 from model.workload.hashing import ROOT, BlockHasher
 
 
@@ -167,3 +168,18 @@ def test_unique_blocks_never_collide():
     assert len(set(every)) == len(every) == 10
     assert ROOT not in every
     assert h.unique_block(1, 1) == u2[1]
+
+
+@pytest.mark.parametrize("block_size,trace_block_size", [(64, 512), (16, 16), (4, 8), (3, 12)])
+def test_long_prompts_get_the_same_ids_in_bulk(monkeypatch, block_size, trace_block_size):
+    """Prompts of NUMPY_MIN_BLOCKS or more engine blocks get their ids from numpy: the same
+    Python ints the block-by-block loop makes, whatever the prompt's length."""
+    ids = list(range(400))
+    lengths = [1, 47 * block_size, 48 * block_size + 1, 49 * block_size - 1, 3000, 70_000]
+    lengths = [n for n in lengths if n <= len(ids) * trace_block_size]
+    bulk = [BlockHasher(block_size).prompt_hashes(ids, n, trace_block_size) for n in lengths]
+    monkeypatch.setattr(hashing, "NUMPY_MIN_BLOCKS", 1 << 62)
+    loop = [BlockHasher(block_size).prompt_hashes(ids, n, trace_block_size) for n in lengths]
+    assert bulk == loop
+    assert all(type(h) is int for hs in bulk for h in hs)
+    assert [len(hs) for hs in bulk] == [n // block_size for n in lengths]

@@ -80,6 +80,12 @@ def test_decode_table_gives_the_pass_by_pass_price(model):
     for s in rng.integers(1, 2 * total, 300):
         n = int(rng.integers(1, 100))
         assert table.price(n, int(s)) == price(n, int(s))
+    # a table first used high up widens downwards too, gap included
+    late = DecodeTable(model.decode_ms_by_kv(total), total)
+    assert late.prices(total - 100, 2, 30).tolist() == [
+        price(2, total - 100 + 2 * j) for j in range(30)
+    ]
+    assert late.price(1, 10) == price(1, 10) and late.lo == 10 and late.hi == total
     # a model whose decode time depends on more than the KV tokens is not tabulated
     assert Scaled(Fixed(FixedTiming()), 1.0, 1.0).decode_ms_by_kv(total) is None
 
