@@ -30,9 +30,10 @@ start-up, imports and peak memory are its own:
 Per run it records the wall time of the whole process (spawn to exit, measured here), the wall
 time of `simulate()` / of the replay call alone (measured inside the child), peak RSS and user+sys
 CPU of that one process (`os.wait4` resource usage of the child, ru_maxrss). Repetitions are
-interleaved (servesim, mocker, servesim, mocker, ...) so that load drifting on a shared machine
-hits both sides alike; the median and the minimum are reported, with requests per wall-second
-and the ratios servesim / mocker of wall, simulate(), CPU and peak RSS. `simulate()` returns
+interleaved, every other one in reverse order (servesim, mocker, mocker, servesim, ...), so that
+load drifting on a shared machine hits both sides alike; the median and the minimum are
+reported, with requests per wall-second, the ratios servesim / mocker of wall, simulate(), CPU
+and peak RSS, and the wall ratio within each repetition. `simulate()` returns
 before building the passes table (one row per engine pass; built on the first read of
 `result.passes`); `--read-passes` also times that read, reported apart.
 
@@ -524,7 +525,10 @@ def run_case(
     )
     for rep in range(args.repeat):
         case.loadavg.append(os.getloadavg())
-        for name, variant in variants.items():
+        # every other repetition in reverse order: a machine slowing down or speeding up over
+        # the run does not favour whichever simulator always runs first
+        order = list(variants.items())
+        for name, variant in order[::-1] if rep % 2 else order:
             if name == "mocker":
                 assert mocker_python is not None
                 sample = run_mocker(mocker_python, trace, kwargs, tmp)
@@ -626,6 +630,15 @@ def variant_stats(v: Variant) -> dict[str, Any]:
     }
 
 
+def paired_ratios(case: CaseResult, key: str = "wall_s") -> list[float]:
+    """servesim / mocker of `key` within each repetition (the two ran minutes apart at most,
+    under the same load); empty when the mocker did not run."""
+    if "mocker" not in case.variants:
+        return []
+    ours, theirs = case.variants["servesim"].samples, case.variants["mocker"].samples
+    return [getattr(a, key) / getattr(b, key) for a, b in zip(ours, theirs, strict=True)]
+
+
 def _runs(n: int) -> str:
     return f"{n} run{'s' if n != 1 else ''}"
 
@@ -698,6 +711,14 @@ def case_markdown(case: CaseResult) -> str:
         )
     imports = stats["servesim"]["import_s_median"]
     passes = stats["servesim"]["passes_s_median"]
+    paired = paired_ratios(case)
+    if len(paired) > 1:
+        lines += [
+            "",
+            "Wall ratio servesim / mocker within each repetition: "
+            + ", ".join(f"{r:.2f}x" for r in paired)
+            + f" (median {statistics.median(paired):.2f}x).",
+        ]
     lines += [
         "",
         f"servesim's process wall includes {imports:.2f} s to import `model` (median)"
@@ -1344,6 +1365,7 @@ def to_json(
                 "mocker_skipped": c.mocker_skipped,
                 "variants": variants,
                 "ratios_servesim_over_mocker": ratios,
+                "wall_ratios_per_repeat": paired_ratios(c),
                 "agreement": c.agreement,
                 "loadavg_per_repeat": c.loadavg,
             }

@@ -48,3 +48,41 @@ def test_the_child_times_reading_the_passes_table_only_when_asked(
         assert out["passes_s"] >= 0 and out["passes_rows"] > 12
     else:
         assert "passes_s" not in out and "passes_rows" not in out
+
+
+class _Config:
+    def model_dump(self, mode: str) -> dict:
+        return {}
+
+
+class _Compare:
+    def mocker_kwargs(self, cfg: object) -> dict:
+        return {"router_mode": "round_robin", "num_workers": 2}
+
+    def shape_title(self, cfg: object) -> str:
+        return "2 workers"
+
+
+def test_repetitions_alternate_which_simulator_runs_first_and_pair_their_ratios(
+    bench, monkeypatch, tmp_path
+):
+    """Every other repetition runs the mocker first; the case reports servesim / mocker within
+    each repetition."""
+    calls: list[str] = []
+    walls = iter([2.0, 1.0, 4.0, 3.0, 2.0, 4.0])  # in call order
+
+    def sample(who: str) -> object:
+        calls.append(who)
+        summary = {"num_requests": 12, "mean_ttft_ms": 5.0, "completed_requests": 12}
+        return bench.Sample(next(walls), 1.0, 100.0, 1.0, summary, import_s=0.1)
+
+    monkeypatch.setattr(bench, "compose_case", lambda *a, **k: _Config())
+    monkeypatch.setattr(bench, "run_servesim", lambda *a, **k: sample("servesim"))
+    monkeypatch.setattr(bench, "run_mocker", lambda *a, **k: sample("mocker"))
+    args = bench.parse_args(["--repeat", "3", "--mocker-python", "none"])
+    case = bench.run_case(
+        bench.CASES["conv4"], tmp_path / "t.jsonl", args, _Compare(), "mocker-python", tmp_path, 12
+    )
+    assert calls == ["servesim", "mocker", "mocker", "servesim", "servesim", "mocker"]
+    assert bench.paired_ratios(case) == [2.0, 0.75, 0.5]
+    assert "within each repetition: 2.00x, 0.75x, 0.50x (median 0.75x)" in bench.case_markdown(case)
