@@ -69,7 +69,7 @@ from model.workload.agentic import (
     _lines,
 )
 from model.workload.errors import TraceError, TraceRow, existing
-from model.workload.mooncake import _int, _ms, parse_row
+from model.workload.mooncake import _int, _ms, non_negative_ints, parse_row
 
 __all__ = ["SCHEMA", "DynamoRows", "read_dynamo_trace", "trace_block_size_of"]
 
@@ -270,9 +270,7 @@ def _parse_request(
         _required(replay, key, where, f"request {rid} replay")
     block_size = _int(replay["trace_block_size"], "trace_block_size", where, 1)
     hashes = replay["input_sequence_hashes"]
-    if not isinstance(hashes, list) or not all(
-        isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in hashes
-    ):
+    if not non_negative_ints(hashes):
         raise TraceError(f"{where}: input_sequence_hashes must be a list of non-negative integers")
     row = parse_row(
         {"hash_ids": hashes, "input_length": replay["input_length"], "output_length": output},

@@ -52,6 +52,14 @@ def _ms(value: Any, what: str, where: str) -> float:
     return float(value)
 
 
+def non_negative_ints(values: Any) -> bool:
+    """Whether `values` is a list of non-negative ints (bools are not), checked in C: the set of
+    the elements' exact types, then their minimum."""
+    return isinstance(values, list) and (
+        not values or (set(map(type, values)) == {int} and min(values) >= 0)
+    )
+
+
 def parse_row(obj: Any, where: str, line: int, trace_block_size: int) -> TraceRow:
     """Validate one decoded JSON row."""
     if not isinstance(obj, dict):
@@ -59,10 +67,7 @@ def parse_row(obj: Any, where: str, line: int, trace_block_size: int) -> TraceRo
     hash_ids = obj.get("hash_ids")
     if hash_ids is None:
         raise TraceError(f"{where}: trace line {line} is missing hash_ids")
-    # (checked in C: every element exactly an int, so no bool, and none negative)
-    if not isinstance(hash_ids, list) or (
-        hash_ids and (set(map(type, hash_ids)) != {int} or min(hash_ids) < 0)
-    ):
+    if not non_negative_ints(hash_ids):
         raise TraceError(f"{where}: hash_ids must be a list of non-negative integers")
     out = _field(obj, "output_length", "output_tokens")
     if out is None:

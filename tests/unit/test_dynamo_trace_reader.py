@@ -285,6 +285,8 @@ def test_unreadable_lines(tmp_path):
             "input_length 5 exceeds hash_ids",
         ),
         (lambda r: r["request"]["replay"].update(input_sequence_hashes=[-1]), "non-negative"),
+        (lambda r: r["request"]["replay"].update(input_sequence_hashes=[0, True]), "non-negat"),
+        (lambda r: r["request"]["replay"].update(input_sequence_hashes=7), "non-negative"),
         (
             lambda r: r["request"]["replay"].update(trace_block_size=0),
             "trace_block_size must be >= 1",
