@@ -289,8 +289,11 @@ class VllmScheduler:
             return None
         stretch = Stretch(ends, n, pool.n_active)
         caching = pool.enable_caching
-        ops: list[tuple[int, int, int, int]] = [(i, order, 0, 0) for i, order in allocs if i < k]
-        for order, r in enumerate(running):
+        allocs = [a for a in allocs if a[0] < k]
+        # per request in running order, its computed tokens before the stretch and the blocks
+        # that become full during it
+        full: list[tuple[int, range]] = []
+        for r in running:
             c0 = r.num_computed_tokens
             r.num_computed_tokens = c0 + k
             out0 = r.num_output_tokens
@@ -301,30 +304,74 @@ class VllmScheduler:
             times = r.token_times_ms
             if times is not None:
                 times.extend(ends)
-            if caching:
-                # block j is full once the pass computing its last token ends
-                for j in range(c0 // bs, (c0 + k) // bs):
-                    ops.append(((j + 1) * bs - c0 - 1, order, 1, j))
-        if ops:
-            ops.sort()
-            events = pool.pending_events
-            seen = len(events)
-            levels = stretch.levels
-            passes = stretch.event_passes
-            for i, order, kind, j in ops:
-                r = running[order]
-                if kind == 0:
-                    pool.allocate(r, 1)  # fits: counted against the free blocks above
-                    if levels and levels[-1][0] == i:
-                        levels.pop()
-                    levels.append((i, pool.n_active, pool.n_cached))
-                else:
-                    pool.register(r, self._block_hash(r, j))
-                events = pool.pending_events
-                if len(events) > seen:
-                    passes.extend([i] * (len(events) - seen))
-                    seen = len(events)
+            full.append((c0, range(c0 // bs, (c0 + k) // bs) if caching else range(0)))
+        if pool.record_events:
+            self._stretch_pass_by_pass(stretch, allocs, full)
+        else:
+            self._stretch_in_bulk(stretch, allocs, full)
         return stretch
+
+    def _stretch_in_bulk(
+        self, stretch: Stretch, allocs: list[tuple[int, int]], full: list[tuple[int, range]]
+    ) -> None:
+        """A stretch's blocks when the pool records no KV events: each request's allocations at
+        once, then its full blocks registered at once. Nothing frees a block during a stretch,
+        so the same blocks are evicted, in the same order, as pass by pass; the pool levels
+        after each allocating pass follow from the counts (an allocation evicts one cached
+        block once the empty ones are used up)."""
+        pool = self.pool
+        running = self.running
+        if allocs:
+            empty = pool.capacity_blocks - len(pool.blocks) - pool.n_private
+            active, cached = pool.n_active, pool.n_cached
+            counts = [0] * len(running)
+            for _i, order in allocs:
+                counts[order] += 1
+            for order, c in enumerate(counts):
+                if c:
+                    pool.allocate(running[order], c)  # fits: counted against the free blocks
+            allocs.sort()
+            levels = stretch.levels
+            for taken, (i, _order) in enumerate(allocs, start=1):
+                if levels and levels[-1][0] == i:
+                    levels.pop()
+                levels.append((i, active + taken, cached - max(0, taken - empty)))
+        for r, (_c0, js) in zip(running, full, strict=True):
+            if js:
+                pool.register_many(r, [self._block_hash(r, j) for j in js])
+
+    def _stretch_pass_by_pass(
+        self, stretch: Stretch, allocs: list[tuple[int, int]], full: list[tuple[int, range]]
+    ) -> None:
+        """A stretch's blocks allocated and registered pass by pass, in running order within a
+        pass (allocations first), so the pool's KV events come in the stepped order."""
+        pool = self.pool
+        running = self.running
+        bs = self.block_size
+        ops = [(i, order, 0, 0) for i, order in allocs]
+        for order, (c0, js) in enumerate(full):
+            # block j is full once the pass computing its last token ends
+            ops.extend([((j + 1) * bs - c0 - 1, order, 1, j) for j in js])
+        if not ops:
+            return
+        ops.sort()
+        events = pool.pending_events
+        seen = len(events)
+        levels = stretch.levels
+        passes = stretch.event_passes
+        for i, order, kind, j in ops:
+            r = running[order]
+            if kind == 0:
+                pool.allocate(r, 1)  # fits: counted against the free blocks
+                if levels and levels[-1][0] == i:
+                    levels.pop()
+                levels.append((i, pool.n_active, pool.n_cached))
+            else:
+                pool.register(r, self._block_hash(r, j))
+            events = pool.pending_events
+            if len(events) > seen:
+                passes.extend([i] * (len(events) - seen))
+                seen = len(events)
 
     def schedule(self, now_ms: float) -> Batch:
         """Form the batch of a pass starting at `now_ms` (allocating its KV blocks)."""
