@@ -239,8 +239,9 @@ class VllmScheduler:
         times of up to `k` such passes, as many as end before the worker's horizon. This
         applies them exactly as pass-by-pass scheduling would: the completing pass, and the
         pass whose block allocation would fail (a preemption), are left to `schedule`; blocks a
-        pass needs are allocated in running order (evicting cached blocks as it would), blocks
-        that become full are registered. Returns None when no pass qualifies.
+        pass needs are allocated (evicting cached blocks as it would), blocks that become full
+        are registered: pass by pass in running order when the pool records KV events, in bulk
+        otherwise (the same end state and levels). Returns None when no pass qualifies.
         """
         running = self.running
         n = len(running)
