@@ -323,7 +323,7 @@ class VllmScheduler:
         pool = self.pool
         running = self.running
         if allocs:
-            empty = pool.capacity_blocks - len(pool.blocks) - pool.n_private
+            empty = pool.n_empty
             active, cached = pool.n_active, pool.n_cached
             counts = [0] * len(running)
             for _i, order in allocs:

@@ -141,6 +141,11 @@ class BlockPool:
         return self.n_inactive - self.n_pinned_inactive
 
     @property
+    def n_empty(self) -> int:
+        """Blocks holding nothing (taken before any cached block is evicted)."""
+        return self.capacity_blocks - len(self.blocks) - self.n_private
+
+    @property
     def free_blocks(self) -> int:
         """Blocks not held by any request nor pinned (empty or evictable)."""
         return (
@@ -236,7 +241,7 @@ class BlockPool:
             return True
         if n_blocks > self.free_blocks:
             return False
-        empty = self.capacity_blocks - len(self.blocks) - self.n_private
+        empty = self.n_empty
         if n_blocks > empty:
             self._evict(n_blocks - empty)
         self.n_private += n_blocks

@@ -59,8 +59,11 @@ def test_empty_blocks_are_used_before_evicting():
     fill(pool, a, [1, 2])
     pool.release(a)
     b = req()
+    assert pool.n_empty == 2
     assert pool.allocate(b, 2)
-    assert pool.n_evictions == 0 and pool.n_cached == 2
+    assert pool.n_evictions == 0 and pool.n_cached == 2 and pool.n_empty == 0
+    assert pool.allocate(b, 1)
+    assert pool.n_evictions == 1 and pool.n_cached == 1 and pool.n_empty == 0
 
 
 def test_match_counts_leading_resident_blocks_and_active_ones():
