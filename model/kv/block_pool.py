@@ -356,18 +356,11 @@ class BlockPool:
         # the usual case, content nobody holds or caches: one dict entry each, in one loop
         # (a content with copies is resident too, so with no copies `blocks` is all to ask)
         n_fresh = 0
-        if copies:
-            for h in hashes:
-                if h in blocks or h in copies:
-                    break
-                blocks[h] = 1
-                n_fresh += 1
-        else:
-            for h in hashes:
-                if h in blocks:
-                    break
-                blocks[h] = 1
-                n_fresh += 1
+        for h in hashes:
+            if h in blocks or (copies and h in copies):
+                break
+            blocks[h] = 1
+            n_fresh += 1
         fresh = hashes if n_fresh == len(hashes) else hashes[:n_fresh]
         req.held_hashes.extend(fresh)
         if self.record_events:

@@ -81,19 +81,17 @@ class BlockHasher:
             per = trace_block_size // bs
             shift = (per - 1).bit_length()
             chain_mask = MASK63 >> shift
-            n_chained = -(-n_full // per)
+            firsts = []  # the id of engine block 0 of each trace block the prompt reaches
+            for k in range(-(-n_full // per)):
+                parent = hash((parent, ids[k])) & chain_mask
+                firsts.append(parent << shift)
             if n_full < NUMPY_MIN_BLOCKS:
-                for k in range(n_chained):
-                    parent = hash((parent, ids[k])) & chain_mask
-                    first = parent << shift
+                for k, first in enumerate(firsts):
                     out.extend(range(first, first + min(per, n_full - k * per)))
                 return out
-            # a long prompt: the chain in Python, its engine-block ids made in bulk
-            for k in range(n_chained):
-                parent = hash((parent, ids[k])) & chain_mask
-                out.append(parent << shift)
+            # a long prompt: its engine-block ids made in bulk
             ranks = np.arange(per, dtype=np.int64)
-            return (np.array(out, dtype=np.int64)[:, None] | ranks).ravel()[:n_full].tolist()
+            return (np.array(firsts, dtype=np.int64)[:, None] | ranks).ravel()[:n_full].tolist()
         for j in range(n_full):
             start = j * bs
             parent = hash((parent, _runs(ids, start, start + bs, trace_block_size))) & MASK63
