@@ -14,7 +14,7 @@ from model.config.derived import kv_events_on
 from model.config.schema import RunConfig, VllmEngineConfig
 from model.engine.vllm import VllmScheduler
 from model.engine.worker import Worker
-from model.kv.block_pool import BlockPool
+from model.kv.group_pool import choose_pool
 from model.kv.tiers import TierBuilder
 from model.metrics.recorder import COMPLETED, REJECTED, Recorder
 from model.router import KvRouter, Router
@@ -58,6 +58,15 @@ class ClusterBase:
         hand-over is an event like any other)."""
         return self.sessions_dispatch or self.frontend_ms > 0
 
+    def group_blocks(self, engine: VllmEngineConfig) -> int:
+        """Engine blocks per trace block when they tile it (prompt ids packed by trace block,
+        kept by group in the pool), else 1. A pool that KV tiers copy out of is kept per block
+        (copies pin blocks by key)."""
+        tbs = getattr(self.cfg.workload, "trace_block_size", None)
+        if tbs is None or tbs % engine.block_size or self.tiers.enabled:
+            return 1
+        return tbs // engine.block_size
+
     def build_pool(
         self,
         role: str,
@@ -74,11 +83,14 @@ class ClusterBase:
         """`n_workers` workers of `engine`, each with `dp_size` ranks of `n_blocks` blocks."""
         first = len(self.workers)
         pool = []
+        group = self.group_blocks(engine)
         for k in range(n_workers):
             scheds = [
                 VllmScheduler(
                     engine,
-                    BlockPool(n_blocks, engine.enable_prefix_caching, kv_events_on(self.cfg)),
+                    choose_pool(
+                        n_blocks, engine.enable_prefix_caching, kv_events_on(self.cfg), group
+                    ),
                     hasher,
                     self._admitted,
                     role,

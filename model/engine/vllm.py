@@ -33,7 +33,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from model.config.schema import VllmEngineConfig
-from model.kv.block_pool import BlockPool, count_in, count_out
+from model.kv.block_pool import count_in, count_out
+from model.kv.group_pool import Pool
 from model.workload.hashing import BlockHasher
 from model.workload.request import Request, Status
 
@@ -107,7 +108,7 @@ class VllmScheduler:
     def __init__(
         self,
         cfg: VllmEngineConfig,
-        pool: BlockPool,
+        pool: Pool,
         hasher: BlockHasher,
         on_admit: Callable[[Request, int, float], None],
         role: str = "aggregated",

@@ -34,7 +34,7 @@ import simpy
 
 from model.clock import PASS_END, PASS_START, PREFILL_NEXT_PASS, at_time
 from model.engine.vllm import Batch, Stretch, VllmScheduler
-from model.kv.block_pool import BlockPool
+from model.kv.group_pool import Pool
 from model.metrics.recorder import Recorder
 from model.timing.base import StepTime, whole_ns, whole_ns_array
 from model.workload.request import Request
@@ -125,7 +125,7 @@ class Rank:
     def __init__(self, dp_rank: int, scheduler: VllmScheduler, name: str) -> None:
         self.dp_rank = dp_rank
         self.scheduler = scheduler
-        self.pool: BlockPool = scheduler.pool
+        self.pool: Pool = scheduler.pool
         self.name = name
         self.kv_level = (-1, -1)
 
@@ -212,7 +212,7 @@ class Worker:
         return self.ranks[0].scheduler
 
     @property
-    def pool(self) -> BlockPool:
+    def pool(self) -> Pool:
         return self.ranks[0].pool
 
     def submit(self, req: Request, dp_rank: int = 0) -> None:

@@ -1,0 +1,614 @@
+"""The G1 block pool kept by trace block: `BlockPool`'s LRU, one entry per group of engine blocks.
+
+When engine blocks tile trace blocks (Mooncake replays: 8 blocks of 64 tokens per 512-token
+trace block), a prompt's engine-block ids are packed: block r of trace block k is the chain id
+of k with r in the low bits (`model.workload.hashing`). The blocks of one trace block (a
+*group*) are nearly always registered, shared, released and evicted together, so this pool
+keeps one dict entry per group instead of one per block: an int state while every block of the
+group is resident and in the same state (holders >= 1, or the negated id of the release that
+made them inactive), and a list of per-block states (None: not resident) once they diverge (a
+prompt's partial last group, a chunk boundary or prefix hit inside a group, part of a group
+evicted). Everything else is `BlockPool`'s: the same API on per-block keys, the same LRU order,
+evictions, levels and KV events (tests/property/test_group_pool.py runs both on the same
+operations). Releases are runs of *spans* (group, low rank, high rank), evicted top rank first,
+as a request's blocks are let go of last block first. Content with no group (generated tokens,
+unshared prompts: negative ids) and duplicate copies (`(hash, serial)`) are single entries.
+
+Tier copies pin blocks by key: a run with KV tiers uses `BlockPool` (`choose_pool`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from model.kv import block_pool
+from model.kv.block_pool import REMOVED, STORED, BlockPool, Key
+from model.workload.request import Request
+
+Span = tuple[Any, int, int]  # (group id, low rank, high rank) or (single key, -1, 0)
+
+
+def choose_pool(
+    capacity_blocks: int,
+    enable_caching: bool,
+    record_events: bool,
+    group_blocks: int,
+) -> Pool:
+    """The pool for one rank: by group when ids are packed by `group_blocks` engine blocks (a
+    power of two > 1, so a group's ids are all its id values) and caching is on, else per
+    block."""
+    if group_blocks > 1 and group_blocks & (group_blocks - 1) == 0 and enable_caching:
+        return GroupPool(capacity_blocks, group_blocks, record_events)
+    return BlockPool(capacity_blocks, enable_caching, record_events)
+
+
+class GroupPool:
+    __slots__ = (
+        "capacity_blocks",
+        "enable_caching",
+        "per",
+        "mask",
+        "groups",
+        "n_resident",
+        "n_inactive",
+        "runs",
+        "_front_run",
+        "_next_run",
+        "_run_entries",
+        "copies",
+        "n_private",
+        "pinned",
+        "n_pinned_inactive",
+        "record_events",
+        "pending_events",
+        "n_evictions",
+        "generation",
+        "_serial",
+    )
+
+    def __init__(
+        self, capacity_blocks: int, group_blocks: int, record_events: bool = False
+    ) -> None:
+        if group_blocks < 2 or group_blocks & (group_blocks - 1):
+            raise ValueError(f"a group is a power of two >= 2 of blocks, got {group_blocks}")
+        self.capacity_blocks = capacity_blocks
+        self.enable_caching = True
+        self.per = group_blocks
+        self.mask = group_blocks - 1
+        # group id -> int state (all blocks resident, alike) or list of per-block states;
+        # single key -> int state. State: holders (>= 1) or -(run id) when inactive
+        self.groups: dict[Any, Any] = {}
+        self.n_resident = 0
+        self.n_inactive = 0
+        # run id -> [spans in eviction order, next position, end of the range, stale]
+        self.runs: dict[int, list[Any]] = {}
+        self._front_run = 1
+        self._next_run = 1
+        self._run_entries = 0
+        self.copies: dict[int, list[Key]] = {}
+        self.n_private = 0
+        self.pinned: dict[Key, int] = {}  # (never: tier copies use BlockPool)
+        self.n_pinned_inactive = 0
+        self.record_events = record_events
+        self.pending_events: list[tuple[str, int]] = []
+        self.n_evictions = 0
+        self.generation = 0
+        self._serial = 0
+
+    # ------------------------------------------------------------------ levels
+
+    @property
+    def n_active(self) -> int:
+        return self.n_resident - self.n_inactive + self.n_private
+
+    @property
+    def n_cached(self) -> int:
+        return self.n_inactive
+
+    @property
+    def n_empty(self) -> int:
+        return self.capacity_blocks - self.n_resident - self.n_private
+
+    @property
+    def free_blocks(self) -> int:
+        return self.capacity_blocks - self.n_resident + self.n_inactive - self.n_private
+
+    @property
+    def refcount(self) -> dict[Key, int]:
+        """Active cached blocks and their holders (a new dict: for inspection)."""
+        return {key: c for key, c in self._states() if c > 0}
+
+    @property
+    def inactive(self) -> list[Key]:
+        """Inactive blocks, oldest first (a new list: for inspection)."""
+        return self._lru_order()
+
+    def _states(self) -> list[tuple[Key, int]]:
+        out = []
+        for key, v in self.groups.items():
+            if key.__class__ is not int or key < 0:
+                out.append((key, v))
+            elif v.__class__ is int:
+                out.extend([(key + r, v) for r in range(self.per)])
+            else:
+                out.extend([(key + r, s) for r, s in enumerate(v) if s is not None])
+        return out
+
+    # ------------------------------------------------------------------ per-key access
+
+    def _get(self, key: Key) -> int | None:
+        """The state of one block (None: not resident)."""
+        if key.__class__ is int and key >= 0:
+            r = key & self.mask
+            v = self.groups.get(key - r)
+            return v if v is None or v.__class__ is int else v[r]
+        return self.groups.get(key)
+
+    def _set(self, key: Key, state: int | None) -> None:
+        """Set one block's state (None: evicted)."""
+        groups = self.groups
+        if key.__class__ is int and key >= 0:
+            r = key & self.mask
+            gid = key - r
+            v = groups.get(gid)
+            if v.__class__ is not list:
+                if v is None and state is None:
+                    return
+                v = groups[gid] = [v] * self.per
+            v[r] = state
+            if state is None and v.count(None) == self.per:
+                del groups[gid]
+        elif state is None:
+            groups.pop(key, None)
+        else:
+            groups[key] = state
+
+    def _spans(self, keys: list[Key]) -> list[Span]:
+        """`keys` as spans of consecutive blocks of one group, in order."""
+        out: list[Span] = []
+        n = len(keys)
+        per = self.per
+        mask = self.mask
+        exact = self._serial == 0  # no duplicate keys: packed ids run consecutively
+        i = 0
+        while i < n:
+            h = keys[i]
+            if h.__class__ is not int or h < 0:
+                out.append((h, -1, 0))
+                i += 1
+                continue
+            r = h & mask
+            top = per - r
+            size = top if top <= n - i else n - i
+            if size > 1 and not (
+                keys[i + size - 1] == h + size - 1
+                and (exact or keys[i : i + size] == list(range(h, h + size)))
+            ):
+                size = 1
+                while size < top and i + size < n and keys[i + size] == h + size:
+                    size += 1
+            out.append((h - r, r, r + size))
+            i += size
+        return out
+
+    # ------------------------------------------------------------------ prefix lookups
+
+    def _oldest(self, h: int) -> Key | None:
+        if self._get(h) is not None:
+            return h
+        keys = self.copies.get(h)
+        return keys[0] if keys else None
+
+    def match(self, hashes: list[int]) -> tuple[int, int]:
+        """Leading blocks of `hashes` resident, and how many of them are active."""
+        groups = self.groups
+        mask = self.mask
+        per = self.per
+        n = n_active = 0
+        i = 0
+        end = len(hashes)
+        while i < end:
+            h = hashes[i]
+            if h >= 0 and h & mask == 0 and i + per <= end and hashes[i + per - 1] == h + per - 1:
+                v = groups.get(h)
+                if v.__class__ is int and (
+                    self._serial == 0 or hashes[i : i + per] == list(range(h, h + per))
+                ):
+                    # a whole group, resident and alike
+                    n += per
+                    if v > 0:
+                        n_active += per
+                    i += per
+                    continue
+            s = self._get(h)
+            if s is None:
+                keys = self.copies.get(h)
+                if not keys:
+                    break
+                s = self._get(keys[0])
+                assert s is not None
+            n += 1
+            if s > 0:
+                n_active += 1
+            i += 1
+        return n, n_active
+
+    def acquire(self, req: Request, hashes: list[int]) -> None:
+        """Grant `req` the resident blocks `hashes` (a prefix hit): share or reactivate them."""
+        groups = self.groups
+        per = self.per
+        held = req.held_hashes
+        for key, lo, hi in self._spans(hashes):
+            if lo >= 0:
+                v = groups.get(key)
+                if v.__class__ is int and hi - lo == per:
+                    if v > 0:
+                        groups[key] = v + 1
+                    else:
+                        run = self.runs[-v]
+                        end = run[2] - 1
+                        if end >= run[1] and run[0][end] == (key, 0, per):
+                            run[2] = end
+                        else:
+                            run[3] = True
+                        self.n_inactive -= per
+                        groups[key] = 1
+                    held.extend(range(key, key + per))
+                    continue
+                if v.__class__ is list:
+                    for r in range(lo, hi):
+                        if v[r] is None:
+                            break
+                    else:  # every block of the span is resident in the group
+                        for r in range(lo, hi):
+                            v[r] = self._took(v[r], key, r)
+                        if v.count(v[0]) == per:
+                            groups[key] = v[0]
+                        held.extend(range(key + lo, key + hi))
+                        continue
+                hs = list(range(key + lo, key + hi))
+            else:
+                hs = [key]
+            for h in hs:  # block by block: resident as part of a group, alone, or a copy
+                k = self._oldest(h)
+                assert k is not None, f"block {h} was not resident"
+                s = self._get(k)
+                assert s is not None
+                self._set(k, self._took(s, *self._where(k)))
+                held.append(k)
+
+    def _took(self, state: int, key: Any, rank: int) -> int:
+        """The state of a block (rank `rank` of group `key`, or the single key `key` with rank
+        -1) after one more holder takes it: back to life from its release's run, whose range
+        ends before it if it was the range's last block, else has a hole (stale)."""
+        if state > 0:
+            return state + 1
+        run = self.runs[-state]
+        end = run[2] - 1
+        if end >= run[1]:
+            entries = run[0]
+            ek, elo, ehi = entries[end]
+            if elo == rank and ek == key:
+                if elo < 0 or ehi - elo == 1:
+                    run[2] = end
+                else:
+                    entries[end] = (ek, elo + 1, ehi)
+                self.n_inactive -= 1
+                return 1
+        run[3] = True
+        self.n_inactive -= 1
+        return 1
+
+    def _where(self, key: Key) -> tuple[Any, int]:
+        """(group id, rank) of a block of a group, (key, -1) of a single block."""
+        if key.__class__ is int and key >= 0:
+            r = key & self.mask
+            return key - r, r
+        return key, -1
+
+    # ------------------------------------------------------------------ allocation
+
+    def allocate(self, req: Request, n_blocks: int) -> bool:
+        """Grant `req` n fresh private blocks, evicting cached ones; False if they do not fit."""
+        if n_blocks <= 0:
+            return True
+        if n_blocks > self.free_blocks:
+            return False
+        empty = self.n_empty
+        if n_blocks > empty:
+            self._evict(n_blocks - empty)
+        self.n_private += n_blocks
+        req.held_private_blocks += n_blocks
+        return True
+
+    def _evict(self, n: int) -> None:
+        """Evict the n least recently released blocks (there are n)."""
+        groups = self.groups
+        runs = self.runs
+        per = self.per
+        events = self.pending_events if self.record_events else None
+        victims: list[Key] | None = [] if (self.copies or events is not None) else None
+        left = n
+        run_id = self._front_run
+        while left:
+            run = runs.get(run_id)
+            if run is None:  # pragma: no cover - the caller checked there are n to evict
+                raise RuntimeError(f"{left} blocks left to evict and no inactive block")
+            entries, pos, end, stale = run
+            tag = -run_id
+            while pos < end and left:
+                key, lo, hi = entries[pos]
+                if lo < 0:
+                    if not stale or groups.get(key) == tag:
+                        del groups[key]
+                        left -= 1
+                        if victims is not None:
+                            victims.append(key)
+                    pos += 1
+                    continue
+                v: Any = groups.get(key)  # (None: a stale span's group may be gone)
+                if not stale:
+                    m = hi - lo if hi - lo <= left else left
+                    if m == per:
+                        del groups[key]
+                    else:
+                        if v.__class__ is int:
+                            v = groups[key] = [v] * per
+                        v[hi - m : hi] = [None] * m
+                        if v[0] is None and v.count(None) == per:
+                            del groups[key]
+                    if victims is not None:
+                        victims.extend(range(key + hi - 1, key + hi - m - 1, -1))
+                    left -= m
+                    if m < hi - lo:
+                        entries[pos] = (key, lo, hi - m)
+                        break
+                    pos += 1
+                    continue
+                # stale: blocks of the span taken back since the release are skipped
+                r = hi
+                while r > lo and left:
+                    r -= 1
+                    s = v if v is None or v.__class__ is int else v[r]
+                    if s != tag:
+                        continue
+                    self._set(key + r, None)
+                    v = groups.get(key)
+                    left -= 1
+                    if victims is not None:
+                        victims.append(key + r)
+                if r > lo:
+                    entries[pos] = (key, lo, r)
+                    break
+                pos += 1
+            run[1] = pos
+            if pos < end:
+                break  # (left is 0)
+            if run_id == self._front_run:
+                del runs[run_id]
+                self._run_entries -= len(entries)
+                self._front_run = run_id + 1
+            run_id += 1
+        self.n_inactive -= n
+        self.n_resident -= n
+        self.n_evictions += n
+        if victims is not None:
+            if self.copies:
+                for key in victims:
+                    self._evicted(key, events)
+            elif events is not None:
+                events.extend([(REMOVED, key) for key in victims])
+
+    def _evicted(self, key: Key, events: list[tuple[str, int]] | None) -> None:
+        h = key[0] if isinstance(key, tuple) else key
+        keys = self.copies.get(h)
+        if keys is not None:
+            keys.remove(key)
+            if keys:
+                return
+            del self.copies[h]
+        if events is not None:
+            events.append((REMOVED, h))
+
+    def register(self, req: Request, h: int) -> None:
+        """A private block of `req` became full with content `h`: make it a cacheable block."""
+        self.n_private -= 1
+        req.held_private_blocks -= 1
+        existing = self._oldest(h)
+        if existing is None:
+            key: Key = h
+            if self.record_events:
+                self.pending_events.append((STORED, h))
+        else:
+            self._serial += 1
+            key = (h, self._serial)
+            keys = self.copies.get(h)
+            if keys is None:
+                self.copies[h] = [existing, key]
+            else:
+                keys.append(key)
+        self._set(key, 1)
+        self.n_resident += 1
+        req.held_hashes.append(key)
+
+    def register_many(self, req: Request, hashes: list[int]) -> None:
+        """`register` for consecutive blocks of `req` that became full together."""
+        groups = self.groups
+        per = self.per
+        copies = self.copies
+        mask = self.mask
+        exact = self._serial == 0
+        n = len(hashes)
+        done = 0  # blocks registered as fresh content, from the start: a span at a time
+        while done < n:
+            h = hashes[done]
+            if h.__class__ is not int or h < 0:
+                if h in groups or (copies and h in copies):
+                    break
+                groups[h] = 1
+                done += 1
+                continue
+            r = h & mask
+            key = h - r
+            if r == 0 and exact and done + per <= n and hashes[done + per - 1] == h + per - 1:
+                if key in groups or (copies and any(h + j in copies for j in range(per))):
+                    break  # some of it is resident: block by block from here
+                groups[key] = 1  # a whole group
+                done += per
+                continue
+            size = 1
+            while r + size < per and done + size < n and hashes[done + size] == h + size:
+                size += 1
+            hi = r + size
+            if copies and any(key + j in copies for j in range(r, hi)):
+                break
+            v = groups.get(key)
+            if v is None:
+                v = groups[key] = [None] * per
+            elif v.__class__ is int or v[r:hi].count(None) != size:
+                break
+            v[r:hi] = [1] * size
+            if v.count(1) == per:
+                groups[key] = 1
+            done += size
+        fresh = hashes if done == len(hashes) else hashes[:done]
+        req.held_hashes.extend(fresh)
+        if self.record_events:
+            self.pending_events.extend([(STORED, h) for h in fresh])
+        self.n_private -= done
+        self.n_resident += done
+        req.held_private_blocks -= done
+        for h in hashes[done:]:
+            self.register(req, h)
+
+    def release(self, req: Request) -> None:
+        """`req` lets go of everything it holds; cached blocks join the LRU last block first."""
+        held = req.held_hashes
+        if held:
+            groups = self.groups
+            per = self.per
+            run_id = self._next_run
+            tag = -run_id
+            entries: list[Span] = []
+            n_freed = 0
+            mask = self.mask
+            last = per - 1
+            exact = self._serial == 0  # no duplicate keys: packed ids run consecutively
+            i = len(held)  # walking back, a span (group, lo, hi) at a time
+            while i:
+                h = held[i - 1]
+                if h.__class__ is not int or h < 0:
+                    c = groups[h]
+                    if c == 1:
+                        groups[h] = tag
+                        entries.append((h, -1, 0))
+                        n_freed += 1
+                    else:
+                        groups[h] = c - 1
+                    i -= 1
+                    continue
+                r = h & mask
+                key = h - r
+                if r == last and exact and i >= per and held[i - per] == key:
+                    v = groups[key]  # a whole group
+                    if v == 1:
+                        groups[key] = tag
+                        entries.append((key, 0, per))
+                        n_freed += per
+                        i -= per
+                        continue
+                    if v.__class__ is int:
+                        groups[key] = v - 1
+                        i -= per
+                        continue
+                    lo = 0
+                else:
+                    size = 1
+                    while size <= r and size < i and held[i - 1 - size] == h - size:
+                        size += 1
+                    lo = r + 1 - size
+                    v = groups[key]
+                    if v.__class__ is int:
+                        v = groups[key] = [v] * per
+                hi = r + 1
+                i -= hi - lo
+                # block by block, top first: the freed ones as spans in eviction order
+                top = -1
+                for r in range(hi - 1, lo - 1, -1):
+                    c = v[r]
+                    if c == 1:
+                        v[r] = tag
+                        n_freed += 1
+                        if top < 0:
+                            top = r + 1
+                    else:
+                        v[r] = c - 1
+                        if top >= 0:
+                            entries.append((key, r + 1, top))
+                            top = -1
+                if top >= 0:
+                    entries.append((key, lo, top))
+                if v.count(v[0]) == per and v[0] is not None:
+                    groups[key] = v[0]
+            if n_freed:
+                self._next_run = run_id + 1
+                self.runs[run_id] = [entries, 0, len(entries), False]
+                self._run_entries += len(entries)
+                self.n_inactive += n_freed
+                if self._run_entries > 2 * self.n_inactive + block_pool.COMPACT_SLACK:
+                    self._compact()
+            req.held_hashes = []
+        self.n_private -= req.held_private_blocks
+        req.held_private_blocks = 0
+        self.generation += 1
+
+    def _lru_order(self) -> list[Key]:
+        order: list[Key] = []
+        for run_id in range(self._front_run, self._next_run):
+            run = self.runs.get(run_id)
+            if run is None:
+                continue
+            tag = -run_id
+            for key, lo, hi in run[0][run[1] : run[2]]:
+                if lo < 0:
+                    if self.groups.get(key) == tag:
+                        order.append(key)
+                    continue
+                order.extend(
+                    [key + r for r in range(hi - 1, lo - 1, -1) if self._get(key + r) == tag]
+                )
+        return order
+
+    def _compact(self) -> None:
+        """One run of every inactive block, in LRU order, in place of runs of stale entries."""
+        order = self._lru_order()
+        run_id = self._next_run
+        self._next_run = run_id + 1
+        entries: list[Span] = []
+        for key in order:
+            self._set(key, -run_id)
+            if key.__class__ is int and key >= 0:
+                r = key & self.mask
+                gid = key - r
+                if entries and entries[-1][0] == gid and entries[-1][1] == r + 1:
+                    entries[-1] = (gid, r, entries[-1][2])
+                    continue
+                entries.append((gid, r, r + 1))
+            else:
+                entries.append((key, -1, 0))
+        self.runs = {run_id: [entries, 0, len(entries), False]}
+        self._front_run = run_id
+        self._run_entries = len(entries)
+
+    def pin(self, keys: list[Key]) -> None:  # pragma: no cover - tiers use BlockPool
+        raise NotImplementedError("tier copies pin blocks of a BlockPool (see choose_pool)")
+
+    unpin = pin
+
+    def take_events(self) -> list[tuple[str, int]]:
+        events = self.pending_events
+        self.pending_events = []
+        return events
+
+
+Pool = BlockPool | GroupPool  # a rank's G1 pool
