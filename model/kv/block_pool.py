@@ -80,11 +80,15 @@ def evict_oldest(ordered: OrderedDict[Any, None], kept: dict[Any, int], n: int) 
 COMPACT_SLACK = 4096
 
 
-class BlockPool:
+class PoolBase:
+    """What both G1 pools keep alike: the counters, the release runs, duplicate copies and
+    buffered KV events, and fresh allocations (empty blocks first, then evicting). Subclasses
+    keep the resident blocks (`BlockPool` one entry per block, `GroupPool` per group) and give
+    the levels and the eviction."""
+
     __slots__ = (
         "capacity_blocks",
         "enable_caching",
-        "blocks",
         "n_inactive",
         "runs",
         "_front_run",
@@ -101,21 +105,17 @@ class BlockPool:
         "_serial",
     )
 
-    def __init__(
-        self, capacity_blocks: int, enable_caching: bool = True, record_events: bool = False
-    ) -> None:
+    def __init__(self, capacity_blocks: int, enable_caching: bool, record_events: bool) -> None:
         self.capacity_blocks = capacity_blocks
         self.enable_caching = enable_caching
-        # resident cached blocks: key -> holders (>= 1) while active, -(run id) while inactive
-        self.blocks: dict[Key, int] = {}
         self.n_inactive = 0
-        # releases that made blocks inactive, by id: [keys in eviction order, next position,
-        # end of the range still to consider, stale (some key in the range may no longer be
-        # inactive in this run)]; ids count up from the oldest
+        # releases that made blocks inactive, by id: [keys (or spans) in eviction order, next
+        # position, end of the range still to consider, stale (some key in the range may no
+        # longer be inactive in this run)]; ids count up from the oldest
         self.runs: dict[int, list[Any]] = {}
         self._front_run = 1  # the oldest run that may still hold inactive blocks
         self._next_run = 1
-        self._run_entries = 0  # keys listed by all runs
+        self._run_entries = 0  # entries listed by all runs
         self.copies: dict[int, list[Key]] = {}  # hash -> its copies, oldest first (duplicates only)
         self.n_private = 0  # active blocks without a hash (partial, or caching off)
         # blocks a copy to a lower tier is reading (key -> copies): they keep their place in
@@ -127,6 +127,62 @@ class BlockPool:
         self.n_evictions = 0
         self.generation = 0  # counts releases: capacity can only grow when it changes
         self._serial = 0
+
+    @property
+    def n_empty(self) -> int:
+        """Blocks holding nothing (taken before any cached block is evicted)."""
+        raise NotImplementedError
+
+    @property
+    def free_blocks(self) -> int:
+        """Blocks not held by any request nor pinned (empty or evictable)."""
+        raise NotImplementedError
+
+    def _evict(self, n: int) -> None:
+        raise NotImplementedError
+
+    def allocate(self, req: Request, n_blocks: int) -> bool:
+        """Grant `req` n fresh private blocks, evicting cached ones; False if they do not fit."""
+        if n_blocks <= 0:
+            return True
+        if n_blocks > self.free_blocks:
+            return False
+        empty = self.n_empty
+        if n_blocks > empty:
+            self._evict(n_blocks - empty)
+        self.n_private += n_blocks
+        req.held_private_blocks += n_blocks
+        return True
+
+    def _evicted(self, key: Key, events: list[tuple[str, int]] | None) -> None:
+        """Bookkeeping after evicting `key`: drop it from its copies; `removed` when it was
+        the content's last copy."""
+        h = key[0] if isinstance(key, tuple) else key
+        keys = self.copies.get(h)
+        if keys is not None:
+            keys.remove(key)
+            if keys:
+                return  # another copy still holds this content
+            del self.copies[h]
+        if events is not None:
+            events.append((REMOVED, h))
+
+    def take_events(self) -> list[tuple[str, int]]:
+        """The buffered KV events, oldest first (the buffer starts empty again)."""
+        events = self.pending_events
+        self.pending_events = []
+        return events
+
+
+class BlockPool(PoolBase):
+    __slots__ = ("blocks",)
+
+    def __init__(
+        self, capacity_blocks: int, enable_caching: bool = True, record_events: bool = False
+    ) -> None:
+        super().__init__(capacity_blocks, enable_caching, record_events)
+        # resident cached blocks: key -> holders (>= 1) while active, -(run id) while inactive
+        self.blocks: dict[Key, int] = {}
 
     # ------------------------------------------------------------------ levels
 
@@ -235,19 +291,6 @@ class BlockPool:
 
     # ------------------------------------------------------------------ allocation
 
-    def allocate(self, req: Request, n_blocks: int) -> bool:
-        """Grant `req` n fresh private blocks, evicting cached ones; False if they do not fit."""
-        if n_blocks <= 0:
-            return True
-        if n_blocks > self.free_blocks:
-            return False
-        empty = self.n_empty
-        if n_blocks > empty:
-            self._evict(n_blocks - empty)
-        self.n_private += n_blocks
-        req.held_private_blocks += n_blocks
-        return True
-
     def _evict(self, n: int) -> None:
         """Evict the n least recently released blocks that are not pinned (there are n)."""
         blocks = self.blocks
@@ -310,19 +353,6 @@ class BlockPool:
                     self._evicted(key, events)
             elif events is not None:  # no duplicate copies: every key is its content hash
                 events.extend([(REMOVED, key) for key in victims])
-
-    def _evicted(self, key: Key, events: list[tuple[str, int]] | None) -> None:
-        """Bookkeeping after evicting `key`: drop it from its copies; `removed` when it was
-        the content's last copy."""
-        h = key[0] if isinstance(key, tuple) else key
-        keys = self.copies.get(h)
-        if keys is not None:
-            keys.remove(key)
-            if keys:
-                return  # another copy still holds this content
-            del self.copies[h]
-        if events is not None:
-            events.append((REMOVED, h))
 
     def register(self, req: Request, h: int) -> None:
         """A private block of `req` became full with content `h`: make it a cacheable block."""
@@ -439,8 +469,3 @@ class BlockPool:
             if c is not None and c < 0:
                 self.n_pinned_inactive -= 1
         self.generation += 1
-
-    def take_events(self) -> list[tuple[str, int]]:
-        events = self.pending_events
-        self.pending_events = []
-        return events

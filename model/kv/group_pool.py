@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from model.kv import block_pool
-from model.kv.block_pool import REMOVED, STORED, BlockPool, Key
+from model.kv.block_pool import REMOVED, STORED, BlockPool, Key, PoolBase
 from model.workload.request import Request
 
 Span = tuple[Any, int, int]  # (group id, low rank, high rank) or (single key, -1, 0)
@@ -42,58 +42,22 @@ def choose_pool(
     return BlockPool(capacity_blocks, enable_caching, record_events)
 
 
-class GroupPool:
-    __slots__ = (
-        "capacity_blocks",
-        "enable_caching",
-        "per",
-        "mask",
-        "groups",
-        "n_resident",
-        "n_inactive",
-        "runs",
-        "_front_run",
-        "_next_run",
-        "_run_entries",
-        "copies",
-        "n_private",
-        "pinned",
-        "n_pinned_inactive",
-        "record_events",
-        "pending_events",
-        "n_evictions",
-        "generation",
-        "_serial",
-    )
+class GroupPool(PoolBase):
+    __slots__ = ("per", "mask", "groups", "n_resident")
 
     def __init__(
         self, capacity_blocks: int, group_blocks: int, record_events: bool = False
     ) -> None:
         if group_blocks < 2 or group_blocks & (group_blocks - 1):
             raise ValueError(f"a group is a power of two >= 2 of blocks, got {group_blocks}")
-        self.capacity_blocks = capacity_blocks
-        self.enable_caching = True
+        super().__init__(capacity_blocks, True, record_events)
         self.per = group_blocks
         self.mask = group_blocks - 1
         # group id -> int state (all blocks resident, alike) or list of per-block states;
-        # single key -> int state. State: holders (>= 1) or -(run id) when inactive
+        # single key -> int state. State: holders (>= 1) or -(run id) when inactive. Runs
+        # list spans (group id, low rank, high rank) or (single key, -1, 0)
         self.groups: dict[Any, Any] = {}
         self.n_resident = 0
-        self.n_inactive = 0
-        # run id -> [spans in eviction order, next position, end of the range, stale]
-        self.runs: dict[int, list[Any]] = {}
-        self._front_run = 1
-        self._next_run = 1
-        self._run_entries = 0
-        self.copies: dict[int, list[Key]] = {}
-        self.n_private = 0
-        self.pinned: dict[Key, int] = {}  # (never: tier copies use BlockPool)
-        self.n_pinned_inactive = 0
-        self.record_events = record_events
-        self.pending_events: list[tuple[str, int]] = []
-        self.n_evictions = 0
-        self.generation = 0
-        self._serial = 0
 
     # ------------------------------------------------------------------ levels
 
@@ -308,19 +272,6 @@ class GroupPool:
 
     # ------------------------------------------------------------------ allocation
 
-    def allocate(self, req: Request, n_blocks: int) -> bool:
-        """Grant `req` n fresh private blocks, evicting cached ones; False if they do not fit."""
-        if n_blocks <= 0:
-            return True
-        if n_blocks > self.free_blocks:
-            return False
-        empty = self.n_empty
-        if n_blocks > empty:
-            self._evict(n_blocks - empty)
-        self.n_private += n_blocks
-        req.held_private_blocks += n_blocks
-        return True
-
     def _evict(self, n: int) -> None:
         """Evict the n least recently released blocks (there are n)."""
         groups = self.groups
@@ -398,17 +349,6 @@ class GroupPool:
                     self._evicted(key, events)
             elif events is not None:
                 events.extend([(REMOVED, key) for key in victims])
-
-    def _evicted(self, key: Key, events: list[tuple[str, int]] | None) -> None:
-        h = key[0] if isinstance(key, tuple) else key
-        keys = self.copies.get(h)
-        if keys is not None:
-            keys.remove(key)
-            if keys:
-                return
-            del self.copies[h]
-        if events is not None:
-            events.append((REMOVED, h))
 
     def register(self, req: Request, h: int) -> None:
         """A private block of `req` became full with content `h`: make it a cacheable block."""
@@ -604,11 +544,6 @@ class GroupPool:
         raise NotImplementedError("tier copies pin blocks of a BlockPool (see choose_pool)")
 
     unpin = pin
-
-    def take_events(self) -> list[tuple[str, int]]:
-        events = self.pending_events
-        self.pending_events = []
-        return events
 
 
 Pool = BlockPool | GroupPool  # a rank's G1 pool

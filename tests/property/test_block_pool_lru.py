@@ -11,6 +11,8 @@ order, evictions, KV events and per-request holdings after every step.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -154,31 +156,30 @@ op = st.one_of(
 )
 
 
-@settings(max_examples=400, deadline=None)
-@given(
-    capacity=st.integers(4, 20),
-    record_events=st.booleans(),
-    slack=st.sampled_from([0, 3, 4096]),
-    ops=st.lists(op, min_size=10, max_size=150),
-)
-def test_pool_follows_the_per_block_lru(capacity, record_events, slack, ops):
+@contextmanager
+def compact_slack(slack: int) -> Iterator[None]:
+    """Runs compacted at `slack` entries past twice the inactive blocks (0: at almost every
+    release) while the block runs."""
     kept = block_pool.COMPACT_SLACK
-    block_pool.COMPACT_SLACK = slack  # 0: compact the runs at almost every release
+    block_pool.COMPACT_SLACK = slack
     try:
-        run_ops(capacity, record_events, ops)
+        yield
     finally:
         block_pool.COMPACT_SLACK = kept
 
 
-def run_ops(capacity: int, record_events: bool, ops: list[tuple[str, int, int]]) -> None:
-    pool = BlockPool(capacity, record_events=record_events)
-    ref = Reference(capacity, record_events)
+def follow_reference(
+    pool: Any, ref: Reference, prompts: list[list[Any]], ops: list[tuple[str, int, int]]
+) -> None:
+    """Apply `ops` to `pool` and to the reference alike, comparing answers, levels, LRU order,
+    evictions, events and holdings after every step. A compute of one block registers it
+    alone (`register`), of more at once (`register_many`)."""
     # per request slot: (pool's request, reference's request, prompt, registered blocks)
     slots: dict[int, list[Any]] = {}
     pins: dict[int, list[Any]] = {}  # pin slot -> keys pinned (same keys on both sides)
     for kind, slot, arg in ops:
         if kind == "admit" and slot not in slots:
-            prompt = PROMPTS[arg]
+            prompt = prompts[arg]
             a, b = Request(slot, f"a{slot}", 1, 1, prompt), Request(slot, f"b{slot}", 1, 1, prompt)
             hit = pool.match(prompt)
             assert hit == ref.match(prompt)
@@ -192,7 +193,10 @@ def run_ops(capacity: int, record_events: bool, ops: list[tuple[str, int, int]])
         elif kind == "compute" and slot in slots:
             a, b, prompt, done = slots[slot]
             new = prompt[done : done + arg]
-            pool.register_many(a, new)
+            if len(new) == 1:
+                pool.register(a, new[0])
+            else:
+                pool.register_many(a, new)
             for h in new:
                 ref.register(b, h)
             slots[slot][3] = done + len(new)
@@ -214,6 +218,7 @@ def run_ops(capacity: int, record_events: bool, ops: list[tuple[str, int, int]])
         assert pool.refcount == ref.refcount
         assert pool.n_private == ref.n_private
         assert pool.n_cached == len(ref.inactive) - ref.n_pinned_inactive()
+        assert pool.n_active == len(ref.refcount) + ref.n_private + ref.n_pinned_inactive()
         assert pool.free_blocks == ref.free_blocks()
         assert pool.n_evictions == ref.n_evictions
         assert pool.take_events() == ref.events
@@ -221,6 +226,32 @@ def run_ops(capacity: int, record_events: bool, ops: list[tuple[str, int, int]])
         for a, b, _, _ in slots.values():
             assert a.held_hashes == b.held_hashes
             assert a.held_private_blocks == b.held_private_blocks
+
+
+def random_ops(
+    rng: np.random.Generator, kinds: tuple[str, ...], n_prompts: int, max_arg: int, n: int = 200
+) -> list[tuple[str, int, int]]:
+    """`n` seeded operations on 8 slots: a prompt index to admit, else an argument up to
+    `max_arg` (blocks to compute, keys to pin)."""
+    ops = []
+    for _ in range(n):
+        kind = str(rng.choice(kinds))
+        arg = int(rng.integers(0, n_prompts)) if kind == "admit" else int(rng.integers(1, max_arg))
+        ops.append((kind, int(rng.integers(0, 8)), arg))
+    return ops
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    capacity=st.integers(4, 20),
+    record_events=st.booleans(),
+    slack=st.sampled_from([0, 3, 4096]),
+    ops=st.lists(op, min_size=10, max_size=150),
+)
+def test_pool_follows_the_per_block_lru(capacity, record_events, slack, ops):
+    with compact_slack(slack):
+        pool = BlockPool(capacity, record_events=record_events)
+        follow_reference(pool, Reference(capacity, record_events), PROMPTS, ops)
 
 
 KINDS = ("admit", "admit", "compute", "compute", "release", "release", "pin", "unpin")
@@ -231,19 +262,9 @@ def test_pool_follows_the_per_block_lru_on_long_random_runs(seed):
     """Long seeded sequences (hypothesis keeps its examples short): many evictions of runs
     that were shortened, made stale, held by pins and compacted."""
     rng = np.random.default_rng(seed)
-    kept = block_pool.COMPACT_SLACK
-    block_pool.COMPACT_SLACK = int(rng.choice([0, 8, 4096]))
-    try:
+    with compact_slack(int(rng.choice([0, 8, 4096]))):
         for _ in range(25):
-            ops = []
-            for _ in range(200):
-                kind = str(rng.choice(KINDS))
-                arg = (
-                    int(rng.integers(0, len(PROMPTS)))
-                    if kind == "admit"
-                    else int(rng.integers(1, 10))
-                )
-                ops.append((kind, int(rng.integers(0, 8)), arg))
-            run_ops(int(rng.integers(4, 21)), bool(rng.integers(0, 2)), ops)
-    finally:
-        block_pool.COMPACT_SLACK = kept
+            ops = random_ops(rng, KINDS, len(PROMPTS), 10)
+            capacity, record_events = int(rng.integers(4, 21)), bool(rng.integers(0, 2))
+            pool = BlockPool(capacity, record_events=record_events)
+            follow_reference(pool, Reference(capacity, record_events), PROMPTS, ops)
