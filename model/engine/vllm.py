@@ -248,6 +248,9 @@ class VllmScheduler:
         n = len(running)
         if self.waiting or self.loaded or n == 0 or n > self.cfg.max_num_batched_tokens:
             return None
+        last = running[-1]
+        if last.num_computed_tokens < last.input_length:
+            return None  # the newest admission is still in prefill (checked first: often so)
         bs = self.block_size
         max_len = self.cfg.max_model_len
         k_max = 1 << 62

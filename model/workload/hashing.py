@@ -19,6 +19,7 @@ block, so memory does not grow with the number of distinct prefixes.
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from typing import cast
 
 import numpy as np
 
@@ -49,6 +50,12 @@ class BlockHasher:
         after the first that breaks the pattern go through a table."""
         table = self._canonical
         ident = self._identity
+        if not table and trace_ids and set(map(type, trace_ids)) == {int}:
+            # the common case, checked in C: ids seen before, then the next new ones in order
+            n_new = _new_in_order(cast(Sequence[int], trace_ids), ident)
+            if n_new is not None:
+                self._identity = ident + n_new
+                return list(cast(Sequence[int], trace_ids))
         out = []
         for h in trace_ids:
             if isinstance(h, int) and 0 <= h < ident:
@@ -104,6 +111,19 @@ class BlockHasher:
         (generated tokens, prompts without hash ids): negative, so never a chained prompt id,
         and the same whenever it is asked for."""
         return -1 - (hash((UNSHARED, owner, j)) & MASK63)
+
+
+def _new_in_order(ids: Sequence[int], ident: int) -> int | None:
+    """How many of `ids` are new, when they are non-negative ids below `ident` followed by
+    `ident`, `ident + 1`, ... in order (None otherwise)."""
+    top = max(ids)
+    n_new = top - ident + 1 if top >= ident else 0
+    n_old = len(ids) - n_new
+    if n_old < 0 or list(ids[n_old:]) != list(range(ident, top + 1)):
+        return None
+    if n_old and (min(ids) < 0 or max(ids[:n_old]) >= ident):
+        return None
+    return n_new
 
 
 def _runs(ids: Sequence[int], start: int, end: int, tbs: int) -> tuple[tuple[int, int], ...]:

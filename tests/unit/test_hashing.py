@@ -62,6 +62,40 @@ def test_canonical_matches_first_appearance_over_many_rows(seed):
     assert [h.canonical(row) for row in negative] == first_appearance(negative)
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_canonical_keeps_a_numbering_by_first_appearance_row_after_row(seed):
+    """A trace numbered by first appearance (Mooncake's) keeps its ids for many rows (seen ids
+    in any order, then the next new ones), until a row breaks the pattern (a new id repeated or
+    skipped, an old id after a new one, a tuple id): then the table takes over."""
+    rng = np.random.default_rng(seed)
+    rows: list[list] = []
+    top = -1  # the largest id seen
+    at = int(rng.integers(20, 40))  # where the row that breaks the pattern comes
+    for i in range(40):
+        if i == at:
+            breaks = [
+                [top + 1, top + 1],
+                [top + 2],
+                [top + 2, top + 1, top + 2],
+                [top + 1, 0],
+                [(1, top + 1)],
+                [top + 1, -1],
+                [-1, top + 1],
+            ]
+            rows.append(breaks[seed % len(breaks)])
+            top = max([top] + [x for x in rows[-1] if isinstance(x, int)])
+            continue
+        row = [int(x) for x in rng.integers(0, top + 1, rng.integers(0, 5))] if top >= 0 else []
+        n_new = int(rng.integers(0 if row else 1, 4))
+        row += list(range(top + 1, top + 1 + n_new))
+        top += n_new
+        rows.append(row)
+    h = BlockHasher(4)
+    assert [h.canonical(row) for row in rows] == first_appearance(rows)
+    # (a tuple of ids numbers alike)
+    assert BlockHasher(4).canonical((0, 1, 0, 2)) == [0, 1, 0, 2]
+
+
 def test_ids_above_u32_keep_identity():
     """64-bit ids are not truncated: 2**32 + 1 and 1 are different blocks, equal ids stay equal."""
     h = BlockHasher(4)
