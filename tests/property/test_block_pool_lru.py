@@ -173,7 +173,8 @@ def follow_reference(
 ) -> None:
     """Apply `ops` to `pool` and to the reference alike, comparing answers, levels, LRU order,
     evictions, events and holdings after every step. A compute of one block registers it
-    alone (`register`), of more at once (`register_many`)."""
+    alone (`register`), of more at once (`register_many`, which may get a single block, or
+    none, at the prompt's end)."""
     # per request slot: (pool's request, reference's request, prompt, registered blocks)
     slots: dict[int, list[Any]] = {}
     pins: dict[int, list[Any]] = {}  # pin slot -> keys pinned (same keys on both sides)
@@ -193,7 +194,7 @@ def follow_reference(
         elif kind == "compute" and slot in slots:
             a, b, prompt, done = slots[slot]
             new = prompt[done : done + arg]
-            if len(new) == 1:
+            if arg == 1 and new:
                 pool.register(a, new[0])
             else:
                 pool.register_many(a, new)
