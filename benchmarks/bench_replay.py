@@ -16,7 +16,8 @@ start-up, imports and peak memory are its own:
   `compare_dynamo.py --pd PxD` adds: `topology=disagg topology.num_prefill_workers=P
   topology.num_decode_workers=D`) and the case's overrides (e.g. `router=kv`). With
   `--fast-forward both` a second servesim variant also runs with `engine.fast_forward=false`
-  (every pass stepped).
+  (every pass stepped); with `--processes N` (N > 1) one runs with `parallel.processes=N`
+  (workers replayed in N processes where they never interact; its CPU time is all of them).
 * **mocker**: `experiments/_mocker_runner.py` in the mocker's interpreter ($SERVESIM_MOCKER_PYTHON,
   else /work/venvs/dynamo/bin/python or /work/venvs/mocker/bin/python; skipped if none exists),
   calling `dynamo._core.run_mocker_trace_replay` with the keyword arguments that
@@ -506,12 +507,21 @@ def run_case(
     base = compose_case(spec, trace, compare, args.servesim_override)
     kwargs = compare.mocker_kwargs(base)
     configs = {"servesim": base.model_dump(mode="json")}
-    labels = {"servesim": "servesim", "servesim_step": "servesim, fast_forward=false"}
+    labels = {
+        "servesim": "servesim",
+        "servesim_step": "servesim, fast_forward=false",
+        "servesim_parallel": f"servesim, parallel.processes={args.processes}",
+    }
     if args.fast_forward == "both":
         step = compose_case(
             spec, trace, compare, [*args.servesim_override, "engine.fast_forward=false"]
         )
         configs["servesim_step"] = step.model_dump(mode="json")
+    if args.processes > 1:
+        split = compose_case(
+            spec, trace, compare, [*args.servesim_override, f"parallel.processes={args.processes}"]
+        )
+        configs["servesim_parallel"] = split.model_dump(mode="json")
     variants = {name: Variant(name, labels[name]) for name in configs}
     skipped = None
     if mocker_python is not None:
@@ -630,12 +640,12 @@ def variant_stats(v: Variant) -> dict[str, Any]:
     }
 
 
-def paired_ratios(case: CaseResult, key: str = "wall_s") -> list[float]:
-    """servesim / mocker of `key` within each repetition (the two ran minutes apart at most,
-    under the same load); empty when the mocker did not run."""
-    if "mocker" not in case.variants:
+def paired_ratios(case: CaseResult, key: str = "wall_s", variant: str = "servesim") -> list[float]:
+    """servesim (or another servesim variant) / mocker of `key` within each repetition (the
+    two ran minutes apart at most, under the same load); empty when the mocker did not run."""
+    if "mocker" not in case.variants or variant not in case.variants:
         return []
-    ours, theirs = case.variants["servesim"].samples, case.variants["mocker"].samples
+    ours, theirs = case.variants[variant].samples, case.variants["mocker"].samples
     return [getattr(a, key) / getattr(b, key) for a, b in zip(ours, theirs, strict=True)]
 
 
@@ -718,6 +728,16 @@ def case_markdown(case: CaseResult) -> str:
             "Wall ratio servesim / mocker within each repetition: "
             + ", ".join(f"{r:.2f}x" for r in paired)
             + f" (median {statistics.median(paired):.2f}x).",
+        ]
+    split = paired_ratios(case, variant="servesim_parallel")
+    if len(split) > 1:
+        lines += [
+            "",
+            f"Wall ratio {case.variants['servesim_parallel'].label} / mocker within each "
+            "repetition: "
+            + ", ".join(f"{r:.2f}x" for r in split)
+            + f" (median {statistics.median(split):.2f}x); its CPU time is every process's, "
+            "its peak RSS the largest process's.",
         ]
     lines += [
         "",
@@ -1020,6 +1040,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         choices=("on", "both"),
         default="on",
         help="both: also time servesim with engine.fast_forward=false",
+    )
+    p.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="N > 1: also time servesim with parallel.processes=N (workers replayed in N "
+        "processes where they never interact; docs/architecture.md)",
     )
     p.add_argument(
         "--scale",

@@ -51,6 +51,7 @@ from model.metrics.tables import (
     time_weighted_mean,
     transfers_table,
 )
+from model.parallel import Part, part_of, plan_processes, rank_stats, rows_of, run_parts
 from model.workload.agentic import AgenticGraph
 from model.workload.build import (
     StreamedWorkload,
@@ -61,6 +62,7 @@ from model.workload.build import (
 )
 from model.workload.drivers import closed_loop, open_loop
 from model.workload.hashing import BlockHasher
+from model.workload.request import Request
 
 STREAMS = ("arrivals", "lengths", "prefix_groups", "router")
 
@@ -279,10 +281,11 @@ def _run(
     total: int | None,
     cfg: RunConfig,
     finished: simpy.Event | None = None,
+    show_progress: bool = True,
 ) -> None:
     """Run to the end (or the stop time; or until `finished`, an agentic profile's end)."""
     with fewer_gc_passes():
-        _run_loop(env, cluster, total, cfg, finished)
+        _run_loop(env, cluster, total, cfg, finished, show_progress)
 
 
 def _run_loop(
@@ -291,9 +294,12 @@ def _run_loop(
     total: int | None,
     cfg: RunConfig,
     finished: simpy.Event | None,
+    show_progress: bool,
 ) -> None:
     until = cfg.stop.max_virtual_time_ms
-    show = cfg.output.progress == "on" or (cfg.output.progress == "auto" and sys.stderr.isatty())
+    show = show_progress and (
+        cfg.output.progress == "on" or (cfg.output.progress == "auto" and sys.stderr.isatty())
+    )
     if finished is not None:
         env.run(until=finished)
         return
@@ -329,8 +335,46 @@ def _run_loop(
 
 
 def simulate(cfg: RunConfig) -> Result:
-    """Run one configuration and return its tables. Deterministic for a given config and seed."""
+    """Run one configuration and return its tables. Deterministic for a given config and seed.
+
+    With `parallel.processes` > 1, a run whose workers never interact is replayed in that many
+    processes (model/parallel.py), with the same tables and summary."""
     wall_start = time.perf_counter()
+    processes, why_one = plan_processes(cfg)
+    if processes > 1:
+        merged = run_parts(cfg, processes, replay_part)
+        for req in merged.in_flight:
+            merged.recorder.request_terminal(req, INCOMPLETE, merged.stopped_at, _cut_reason(cfg))
+        return _collect(cfg, merged, None, wall_start, processes, why_one)
+    run = _replay(cfg)
+    stopped_at = run.env.now
+    in_flight = run.cluster.in_flight()
+    _end_unfinished(cfg, run.recorder, stopped_at, in_flight, run.replay, run.workload)
+    part = Part(
+        run.recorder,
+        stopped_at,
+        in_flight,
+        rank_stats(run.cluster),
+        run.cluster.tiers.pools,
+        run.workload.skipped if run.workload is not None else None,
+    )
+    return _collect(cfg, part, run.replay, wall_start, 1, why_one)
+
+
+@dataclass
+class Replay:
+    """A run's world after its event loop."""
+
+    env: simpy.Environment
+    cluster: ClusterBase
+    recorder: Recorder
+    replay: AgenticReplay | None
+    workload: Workload | StreamedWorkload | None
+
+
+def _replay(cfg: RunConfig, part: tuple[int, int] | None = None) -> Replay:
+    """Build the world and run its event loop; in part k of n of a partitioned run, only the
+    requests of workers k, k + n, ... are replayed (model/parallel.py)."""
     streams = random_streams(cfg.seed)
     # every role shares one block size (checked by role_engines); it may differ from `engine`'s
     hasher = BlockHasher(next(iter(role_engines(cfg).values())).block_size)
@@ -356,6 +400,8 @@ def simulate(cfg: RunConfig) -> Result:
     )
     cluster_type = DisaggCluster if cfg.topology.kind == "disagg" else AggregatedCluster
     cluster = cluster_type(env, cfg, hasher, recorder, streams["router"])
+    if part is not None:
+        cluster.replays_worker = part_of(*part)
     load = cfg.load
     replay: AgenticReplay | None = None
     workload: Workload | StreamedWorkload | None = None
@@ -373,6 +419,8 @@ def simulate(cfg: RunConfig) -> Result:
         )
         if streamed is not None:  # single requests read as their arrivals come
             workload = streamed
+            if part is not None:
+                streamed.replays_row = rows_of(cfg, *part)
             total = None  # not known until the file has been read
             cluster.sessions_dispatch = False
             env.process(
@@ -388,19 +436,48 @@ def simulate(cfg: RunConfig) -> Result:
                 env.process(
                     open_loop(env, workload.sessions, cluster.dispatch, cluster.announce_arrival)
                 )
-        _run(env, cluster, total, cfg)
+        _run(env, cluster, total, cfg, show_progress=part is None or part[0] == 0)
+    return Replay(env, cluster, recorder, replay, workload)
 
-    # whatever has not ended was cut off by the stop time
-    stopped_at = env.now
-    in_flight = cluster.in_flight()
-    # levels hold until the last thing happened: the stop, if it cut requests off
-    activity_end = stopped_at if in_flight else recorder.last_event_ms
+
+def replay_part(cfg: RunConfig, k: int, n: int) -> Part:
+    """Part k of n of a partitioned run: its records, and its requests still in flight for
+    the caller to end at the latest stop of all parts. Part 0 records the rows never reached
+    as not arrived (only a stop time leaves rows unread, and every part stops at it)."""
+    run = _replay(cfg, (k, n))
+    assert isinstance(run.workload, StreamedWorkload)  # (plan_processes checked)
+    if k == 0:
+        _end_unfinished(cfg, run.recorder, run.env.now, [], None, run.workload)
+    return Part(
+        run.recorder,
+        run.env.now,
+        run.cluster.in_flight(),
+        rank_stats(run.cluster),
+        [],
+        run.workload.skipped if k == 0 else None,
+    )
+
+
+def _cut_reason(cfg: RunConfig, replay: AgenticReplay | None = None) -> str:
+    """Why a request in flight when the run stopped did not end."""
     if replay is not None and replay.profile is not None:
-        cut = "canceled at the agentic_profile response grace deadline"
-    elif cfg.stop.max_virtual_time_ms is not None:
-        cut = "in flight at max_virtual_time_ms"
-    else:
-        cut = "still in flight when nothing more could happen (the run stalled)"
+        return "canceled at the agentic_profile response grace deadline"
+    if cfg.stop.max_virtual_time_ms is not None:
+        return "in flight at max_virtual_time_ms"
+    return "still in flight when nothing more could happen (the run stalled)"
+
+
+def _end_unfinished(
+    cfg: RunConfig,
+    recorder: Recorder,
+    stopped_at: float,
+    in_flight: list[Request],
+    replay: AgenticReplay | None,
+    workload: Workload | StreamedWorkload | None,
+) -> None:
+    """Record what had not ended when the run stopped: the requests in flight, then those
+    that never arrived."""
+    cut = _cut_reason(cfg, replay)
     for req in in_flight:
         recorder.request_terminal(req, INCOMPLETE, stopped_at, cut)
     if replay is not None:
@@ -421,6 +498,20 @@ def simulate(cfg: RunConfig) -> Result:
                     if req.terminal_status == "":
                         recorder.request_terminal(req, INCOMPLETE, stopped_at, not_arrived)
 
+
+def _collect(
+    cfg: RunConfig,
+    part: Part,
+    replay: AgenticReplay | None,
+    wall_start: float,
+    processes: int,
+    why_one: str,
+) -> Result:
+    """The tables and summary of a run that has ended (`part`: all of it, or its parts
+    merged), its unfinished requests recorded."""
+    recorder = part.recorder
+    # levels hold until the last thing happened: the stop, if it cut requests off
+    activity_end = part.stopped_at if part.in_flight else recorder.last_event_ms
     # each table's rows go as soon as it is built: the end of a long run holds the tables,
     # not the tables and every row they came from
     requests = requests_table(recorder)
@@ -452,21 +543,21 @@ def simulate(cfg: RunConfig) -> Result:
         slo=cfg.slo,
         wall_time_ms=wall_ms,
     )
-    ranks = [r for w in cluster.workers for r in w.ranks]
-    summary["committed_prefill_tokens"] = sum(r.scheduler.n_committed_prefill_tokens for r in ranks)
+    ranks = part.ranks
+    summary["committed_prefill_tokens"] = sum(r.committed_prefill_tokens for r in ranks)
     summary["n_preemptions"] = int(requests["n_preemptions"].sum())
-    summary["n_kv_evictions"] = sum(r.pool.n_evictions for r in ranks)
+    summary["n_kv_evictions"] = sum(r.evictions for r in ranks)
     summary["n_passes"] = recorder.n_passes
-    skipped = workload.skipped if workload is not None else None
+    skipped = part.skipped
     summary["skipped_trace_rows"] = skipped.count if skipped is not None else 0
     if skipped is not None and skipped.count:
         summary["skipped_trace_row_examples"] = skipped.examples
     used = time_weighted_mean(kv, "used_blocks", activity_end, "device") if len(kv) else None
     if used is not None and len(used):
-        capacity = {r.name: r.pool.capacity_blocks for w in cluster.workers for r in w.ranks}
+        capacity = {r.name: r.capacity_blocks for r in ranks}
         ratios = [u / capacity[name] for name, u in used.items()]
         summary["mean_kv_used_ratio"] = float(np.mean(ratios))
-    summary.update(tier_summary(cluster.tiers.pools, kv, transfers, activity_end))
+    summary.update(tier_summary(part.tier_pools, kv, transfers, activity_end))
     routing = routing_table(recorder)
     recorder.table_built("routing")
     summary.update(routing_summary(routing))
@@ -487,6 +578,10 @@ def simulate(cfg: RunConfig) -> Result:
         "router": cfg.router.kind,
         "workload": cfg.workload.kind,
         "load": cfg.load.kind,
+        # OS processes the workers were replayed in (parallel.processes), and why one if more
+        # were asked for
+        "processes": processes,
+        **({"processes_note": why_one} if why_one else {}),
         # per rank: aggregated workers, or the decode pool (prefill_num_gpu_blocks for P/D)
         **{
             ("prefill_num_gpu_blocks" if role == "prefill" else "num_gpu_blocks"): num_gpu_blocks(

@@ -13,6 +13,7 @@ from model.config.schema import AggregatedTopology, RunConfig
 from model.metrics.recorder import Recorder
 from model.router import KvRouter, build_router
 from model.timing import build_step_time
+from model.workload.build import NOT_HASHED
 from model.workload.hashing import BlockHasher
 from model.workload.request import Request
 
@@ -61,4 +62,12 @@ class AggregatedCluster(ClusterBase):
         self.after_frontend(req, self.router.submit)
 
     def _send(self, req: Request, worker: int, rank: int) -> None:
+        if self.replays_worker is not None and not self.replays_worker(worker):
+            self.elsewhere(req)
+            return
+        if req.prompt_hashes is NOT_HASHED:
+            raise RuntimeError(
+                f"request {req.request_id} was routed to worker {worker}, which this part of "
+                "the partitioned run replays, but its prompt was not hashed here"
+            )
         self.workers[worker].submit(req, rank)

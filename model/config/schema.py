@@ -647,6 +647,18 @@ class StopConfig(Schema):
     )
 
 
+class ParallelConfig(Schema):
+    """Worker partitions replayed in separate OS processes (see model/parallel.py)."""
+
+    processes: int = Field(
+        1,
+        ge=1,
+        description="processes to replay the workers in (each owns every P-th worker); only "
+        "where workers never interact (aggregated, round-robin, streamed open-loop trace, no "
+        "frontend latency, no KV tiers), else one process (summary metadata says why)",
+    )
+
+
 class OutputConfig(Schema):
     tables: bool = Field(True, description="write requests/passes/kv tables to the run dir")
     format: Literal["parquet", "csv"] = "parquet"
@@ -688,6 +700,7 @@ class RunConfig(Schema):
     slo: SloConfig = SloConfig()
     stop: StopConfig = StopConfig()
     output: OutputConfig = OutputConfig()
+    parallel: ParallelConfig = ParallelConfig()
 
     @model_validator(mode="after")
     def _roles_agree(self) -> RunConfig:

@@ -103,6 +103,17 @@ class Multiset:
         new_counts = np.diff(np.append(first, len(added)))
         del added, first
         self.n_folds += 1
+        self._merge(new, new_counts)
+
+    def absorb(self, other: Multiset) -> None:
+        """Add every value of `other` (another run part's gaps: model/parallel.py)."""
+        values, counts = other.distinct()
+        if len(values):
+            self.fold()
+            self._merge(values, counts)
+
+    def _merge(self, new: np.ndarray, new_counts: np.ndarray) -> None:
+        """Add distinct ascending values `new`, each `new_counts` times."""
         values, counts = self._values, self._counts.copy()  # distinct() may have handed it out
         at = np.searchsorted(values, new)
         known = at < len(values)

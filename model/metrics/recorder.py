@@ -145,6 +145,9 @@ TABLES = ("requests", "passes", "kv", "kv_events", "transfers", "routing")
 COMPLETED = "completed"
 REJECTED = "rejected"
 INCOMPLETE = "incomplete"
+# not a terminal status: marks a request that another part of a partitioned run replays and
+# records (model/parallel.py)
+ELSEWHERE = "elsewhere"
 NAN = float("nan")
 
 
@@ -176,6 +179,13 @@ class Appended:
 
     def __len__(self) -> int:
         return self._n
+
+    def absorb(self, other: Appended) -> None:
+        """Append every value of `other` (of this typecode) after this one's."""
+        self._chunks.append(b"".join(self._parts))
+        self._parts = []
+        self._chunks.extend([*other._chunks, b"".join(other._parts)])
+        self._n += other._n
 
     def numpy(self) -> np.ndarray:
         """Every value appended, in order (a new array)."""
@@ -251,6 +261,23 @@ class Columns:
             column.extend(values)
         rows.clear()
 
+    def absorb(self, other: Columns) -> None:
+        """Append `other`'s rows (the same fields) after this one's."""
+        self.flush()
+        other.flush()
+        for name, kind in self.fields.items():
+            column = self.columns[name]
+            theirs = other.columns[name]
+            if kind == "c":
+                codes = self.codes[name]
+                for v in other.codes[name]:
+                    codes.setdefault(v, len(codes))
+                recode = [codes[v] for v in other.codes[name]]
+                column.extend(map(recode.__getitem__, theirs))  # type: ignore[arg-type]
+            else:
+                column.extend(theirs)  # type: ignore[arg-type]
+        self.ints_only &= other.ints_only
+
     def array(self, name: str, copy: bool = True) -> np.ndarray:
         """One column in row order, as a numpy array: float64 or int64 for numbers (a float
         column of ints only is still float64 here: see `ints_only`), objects otherwise. With
@@ -303,19 +330,8 @@ class Recorder:
         self.passes: dict[str, array[Any]] = {
             name: array(code) for name, code in PASS_COLUMNS.items()
         }
-        p = self.passes
-        self._pass_appends: tuple[Callable[[Any], None], ...] = (
-            p["worker"].append,
-            p["dp_rank"].append,
-            p["start_ms"].append,
-            p["end_ms"].append,
-            p["prefill_tokens"].append,
-            p["prefill_seqs"].append,
-            p["decode_seqs"].append,
-            p["kv_used_blocks"].append,
-            p["preemptions"].append,
-            p["role"].append,
-        )
+        self._pass_appends: tuple[Callable[[Any], None], ...] = ()
+        self._bind_pass_appends()
         self.kv = Columns(KV_COLUMNS)
         self.kv_events: list[tuple] = []
         self.transfers: list[tuple] = []
@@ -327,6 +343,46 @@ class Recorder:
         self.last_event_ms = 0.0  # the latest pass end or request end recorded
         self._n_kv_events = 0
         self._tables_built: set[str] = set()  # whose rows forget_rows lets go of
+
+    def __getstate__(self) -> dict[str, Any]:
+        # (bound appends are rebuilt on unpickling; listeners belong to the run that made them)
+        state = dict(self.__dict__)
+        del state["_pass_appends"]
+        state["kv_listeners"] = []
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._bind_pass_appends()
+
+    def _bind_pass_appends(self) -> None:
+        p = self.passes
+        self._pass_appends = tuple(p[name].append for name in PASS_COLUMNS)
+
+    def absorb(self, other: Recorder) -> None:
+        """Append the rows `other` recorded after this recorder's: the recorder of another
+        part of the same run whose workers never met this one's (model/parallel.py). Every
+        table sorts its rows by time and worker, keeping recording order only among rows of
+        one worker, so the tables come out as if one recorder had heard both parts."""
+        self.requests.absorb(other.requests)
+        self.late_values.absorb(other.late_values)
+        n_single = len(self.passes["end_ms"])
+        for name, column in self.passes.items():
+            column.extend(other.passes[name])
+        self.stretches.extend(
+            [(at + n_single, w, k, n, role, t) for at, w, k, n, role, t in other.stretches]
+        )
+        self.stretch_ends.absorb(other.stretch_ends)
+        self.stretch_kv_used.absorb(other.stretch_kv_used)
+        self._n_unkept_passes += other._n_unkept_passes
+        self.kv.absorb(other.kv)
+        self.kv_events.extend(other.kv_events)  # numbered by the table, in its order
+        self._n_kv_events += other._n_kv_events
+        self.transfers.extend(other.transfers)
+        self.routing.extend(other.routing)
+        self.itl_gaps_ms.absorb(other.itl_gaps_ms)
+        self.token_times.update(other.token_times)
+        self.last_event_ms = max(self.last_event_ms, other.last_event_ms)
 
     @property
     def n_passes(self) -> int:
@@ -363,7 +419,7 @@ class Recorder:
         if "passes" in built and self.n_passes > self._n_unkept_passes:
             self._n_unkept_passes = self.n_passes  # n_passes still counts them
             self.passes = {name: array(code) for name, code in PASS_COLUMNS.items()}
-            self._pass_appends = tuple(self.passes[name].append for name in PASS_COLUMNS)
+            self._bind_pass_appends()
             self.stretches = []
             self.stretch_ends = Appended("d")
             self.stretch_kv_used = Appended("q")

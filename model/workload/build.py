@@ -9,7 +9,7 @@ Poisson/constant process (rate load).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +37,9 @@ from model.workload.request import Request
 from model.workload.synthetic import generate
 
 Session = list[Request]
+
+# the prompt of a streamed request another part of a partitioned run replays (never read here)
+NOT_HASHED: list[int] = []
 
 
 @dataclass
@@ -240,6 +243,9 @@ class StreamedWorkload:
         self._next_idx = 0
         self._t0: float | None = None
         self._last: Request | None = None
+        # in one part of a partitioned run (model/parallel.py): whether the request of row
+        # `idx` is replayed here (its prompt hashed); None: every one is
+        self.replays_row: Callable[[int], bool] | None = None
 
     def _make(self, row: TraceRow, hashed: bool) -> Request:
         idx = self._next_idx
@@ -252,11 +258,24 @@ class StreamedWorkload:
             request_id=self._names.take(row),
             input_length=row.input_length,
             output_length=row.output_length,
-            prompt_hashes=_prompt(self._hasher, idx, row, self._tbs) if hashed else [],
+            prompt_hashes=_prompt(self._hasher, idx, row, self._tbs)
+            if hashed and (self.replays_row is None or self.replays_row(idx))
+            else self._unhashed(row, hashed),
             planned_arrival_ms=(ts - self._t0) / self._ratio,
         )
         req.affinity_group = row.group_id
         return req
+
+    def _unhashed(self, row: TraceRow, arrives: bool) -> list[int]:
+        """The prompt of a request that never runs here: it never arrives (no prompt), or
+        another part of the run replays it (NOT_HASHED); its trace ids still take their
+        canonical numbers, in row order, so the ids of later prompts are the same in every
+        part."""
+        if not arrives:
+            return []
+        if self._tbs is not None:
+            self._hasher.canonical(row.hash_ids)
+        return NOT_HASHED
 
     @property
     def sessions(self) -> Iterator[Session]:
@@ -276,19 +295,26 @@ class StreamedWorkload:
             yield self._make(row, hashed=False)
 
 
+def streams_rows(cfg: WorkloadConfig, load: LoadConfig) -> bool:
+    """Whether `stream_workload` streams this workload: an open-loop trace replay (trace
+    timestamps) of a Mooncake or Azure file whose rows are all single requests (no
+    `session_id` anywhere in the file)."""
+    if not isinstance(load, TraceLoad) or not isinstance(cfg, MooncakeWorkload | AzureWorkload):
+        return False
+    return not (isinstance(cfg, MooncakeWorkload) and _mentions(cfg.path, b'"session_id"'))
+
+
 def stream_workload(
     cfg: WorkloadConfig,
     load: LoadConfig,
     hasher: BlockHasher,
     streams: dict[str, np.random.Generator],
 ) -> StreamedWorkload | None:
-    """The streamed form of an open-loop trace replay (trace timestamps) of a Mooncake or
-    Azure file whose rows are all single requests (no `session_id` anywhere in the file);
-    None for every other workload, which `build_workload` reads whole."""
-    if not isinstance(load, TraceLoad) or not isinstance(cfg, MooncakeWorkload | AzureWorkload):
+    """The streamed form of a workload `streams_rows` accepts; None for every other
+    workload, which `build_workload` reads whole."""
+    if not streams_rows(cfg, load):
         return None
-    if isinstance(cfg, MooncakeWorkload) and _mentions(cfg.path, b'"session_id"'):
-        return None
+    assert isinstance(cfg, MooncakeWorkload | AzureWorkload) and isinstance(load, TraceLoad)
     skipped = SkipCounter()
     rows, tbs = _rows(cfg, load, skipped, streams)
     return StreamedWorkload(rows, tbs, hasher, load, str(cfg.path), skipped)

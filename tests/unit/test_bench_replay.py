@@ -86,3 +86,34 @@ def test_repetitions_alternate_which_simulator_runs_first_and_pair_their_ratios(
     assert calls == ["servesim", "mocker", "mocker", "servesim", "servesim", "mocker"]
     assert bench.paired_ratios(case) == [2.0, 0.75, 0.5]
     assert "within each repetition: 2.00x, 0.75x, 0.50x (median 0.75x)" in bench.case_markdown(case)
+
+
+def test_processes_adds_a_parallel_variant_paired_with_the_mocker(bench, monkeypatch, tmp_path):
+    """`--processes 2` times servesim a second time with parallel.processes=2 and reports its
+    wall ratio to the mocker within each repetition."""
+    overrides: list[list[str]] = []
+    walls = iter([4.0, 2.0, 3.0, 3.0, 2.0, 4.0])  # repetition 1: servesim, split, mocker
+
+    def compose(spec, trace, compare, extra=()):
+        overrides.append(list(extra))
+        return _Config()
+
+    def sample(*a, **k):
+        summary = {"num_requests": 12, "mean_ttft_ms": 5.0, "completed_requests": 12}
+        return bench.Sample(next(walls), 1.0, 100.0, 1.0, summary, import_s=0.1)
+
+    monkeypatch.setattr(bench, "compose_case", compose)
+    monkeypatch.setattr(bench, "run_servesim", sample)
+    monkeypatch.setattr(bench, "run_mocker", sample)
+    args = bench.parse_args(["--repeat", "2", "--processes", "2"])
+    case = bench.run_case(
+        bench.CASES["conv4"], tmp_path / "t.jsonl", args, _Compare(), "mocker-python", tmp_path, 12
+    )
+    assert overrides == [[], ["parallel.processes=2"]]
+    assert list(case.variants) == ["servesim", "servesim_parallel", "mocker"]
+    assert case.variants["servesim_parallel"].label == "servesim, parallel.processes=2"
+    # repetition 2 runs in reverse order: mocker 3.0, split 2.0, servesim 4.0
+    assert bench.paired_ratios(case, variant="servesim_parallel") == [2.0 / 3.0, 2.0 / 3.0]
+    assert "parallel.processes=2 / mocker within each repetition: 0.67x, 0.67x" in (
+        bench.case_markdown(case)
+    )

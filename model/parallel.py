@@ -1,0 +1,140 @@
+"""Partitioned replay: workers that never interact, replayed in separate OS processes.
+
+In an aggregated cluster behind round-robin routing, replaying an open-loop trace of single
+requests, nothing one worker does reaches another: the worker that takes a request is fixed by
+its place in the trace (request j goes to worker j mod N), its arrival by its timestamp, and
+the workers share nothing else. Such a run splits into parts. Part k of P reads the whole trace
+and dispatches every arrival, but keeps only the requests of workers k, k + P, k + 2P, ...: it
+hashes only their prompts (every row's trace ids still take their canonical numbers, in trace
+order, so every block id is the one-process run's) and records only what its workers do. The
+parts run in separate processes (part 0 in the calling one) and their recorders are merged
+(`Recorder.absorb`). Every table sorts its rows by time and worker, keeping recording order only
+among one worker's rows, so the merged tables, and the summary built from them, are the
+one-process run's (tests/property/test_parallel_equivalence.py).
+
+Anything that couples workers rules it out, and `plan_processes` says which: a router that
+looks at the workers (KV-aware) or draws at random, P/D disaggregation (transfers), KV tiers
+(pools a cluster may share), multi-turn sessions or a closed loop (a completion dispatches the
+next request), a frontend latency (requests wait before routing), a workload that is not a
+streamed trace (synthetic, agentic).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from model.config.schema import AggregatedTopology, RoundRobinRouter, RunConfig
+from model.metrics.recorder import Recorder
+from model.timing import frontend_latency_ms
+from model.workload.build import streams_rows
+from model.workload.mooncake import SkipCounter
+from model.workload.request import Request
+
+if TYPE_CHECKING:
+    from model.cluster.base import ClusterBase
+
+
+@dataclass
+class RankStats:
+    """What the summary reads of one scheduler rank besides the recorder."""
+
+    name: str
+    committed_prefill_tokens: int
+    evictions: int
+    capacity_blocks: int
+
+
+@dataclass
+class Part:
+    """A run, or one part of a partitioned run, after its event loop: its records, when it
+    stopped, its requests still in flight (not yet recorded), its ranks, its KV tier pools,
+    the trace rows it skipped (None: counted by another part)."""
+
+    recorder: Recorder
+    stopped_at: float
+    in_flight: list[Request]
+    ranks: list[RankStats]
+    tier_pools: list[Any] = field(default_factory=list)
+    skipped: SkipCounter | None = None
+
+
+def rank_stats(cluster: ClusterBase) -> list[RankStats]:
+    """The ranks of the workers `cluster` replays."""
+    replays = cluster.replays_worker
+    return [
+        RankStats(
+            r.name,
+            r.scheduler.n_committed_prefill_tokens,
+            r.pool.n_evictions,
+            r.pool.capacity_blocks,
+        )
+        for w in cluster.workers
+        if replays is None or replays(w.idx)
+        for r in w.ranks
+    ]
+
+
+def why_not_partitioned(cfg: RunConfig) -> str:
+    """Why the workers of this run may interact ('' if they never do)."""
+    topo = cfg.topology
+    if not isinstance(topo, AggregatedTopology):
+        return "P/D disaggregation couples prefill and decode workers (KV transfers)"
+    if topo.num_workers < 2:
+        return "one worker"
+    if not isinstance(cfg.router, RoundRobinRouter):
+        return f"router={cfg.router.kind} does not place a request by its place in the trace"
+    if cfg.kv_cache.host_offload.num_host_blocks is not None:
+        return "KV tiers (kv_cache.host_offload) can share pools between workers"
+    if not streams_rows(cfg.workload, cfg.load):
+        return (
+            "only an open-loop trace replay of single requests (workload=mooncake or azure, "
+            "load=trace, no session_id) is partitioned"
+        )
+    if frontend_latency_ms(cfg) > 0:
+        return "the timing model's frontend latency holds requests before they are routed"
+    return ""
+
+
+def plan_processes(cfg: RunConfig) -> tuple[int, str]:
+    """How many processes replay this run, and why one if more were asked for ('' else)."""
+    asked = cfg.parallel.processes
+    if asked == 1:
+        return 1, ""
+    why = why_not_partitioned(cfg)
+    if why:
+        return 1, f"parallel.processes={asked} not applied: {why}"
+    assert isinstance(cfg.topology, AggregatedTopology)
+    return min(asked, cfg.topology.num_workers), ""
+
+
+def part_of(k: int, n: int) -> Callable[[int], bool]:
+    """Whether part k of n replays worker w."""
+    return lambda w: w % n == k
+
+
+def rows_of(cfg: RunConfig, k: int, n: int) -> Callable[[int], bool]:
+    """Whether part k of n replays the request of trace row j (round robin: worker j mod N)."""
+    assert isinstance(cfg.topology, AggregatedTopology)
+    workers = cfg.topology.num_workers
+    return lambda j: j % workers % n == k
+
+
+def run_parts(cfg: RunConfig, n: int, replay_part: Callable[[RunConfig, int, int], Part]) -> Part:
+    """Replay parts 1..n-1 in child processes and part 0 here; their merged records. An error
+    in any part (a bad trace row: every part reads every row) is raised here, and the other
+    parts are stopped."""
+    methods = multiprocessing.get_all_start_methods()
+    ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    with ctx.Pool(n - 1) as pool:
+        pending = [pool.apply_async(replay_part, (cfg, k, n)) for k in range(1, n)]
+        merged = replay_part(cfg, 0, n)
+        parts = [p.get() for p in pending]
+    for part in parts:
+        merged.recorder.absorb(part.recorder)
+        merged.in_flight.extend(part.in_flight)
+        merged.ranks.extend(part.ranks)
+        merged.stopped_at = max(merged.stopped_at, part.stopped_at)
+    return merged

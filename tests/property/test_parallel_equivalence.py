@@ -1,0 +1,292 @@
+"""Workers replayed in several processes against one process (`parallel.processes`, issue 8).
+
+A run whose workers never interact (aggregated, round robin, a streamed open-loop trace) may be
+split into parts replayed in separate processes and merged (model/parallel.py). Each scenario
+runs one config with `parallel.processes=1` and with more, and compares, strictly: every table
+(`_ms` columns to 1e-6 ms, everything else exactly, dtypes included), the per-token times and
+the summary exactly, leaving out only the host-time keys and the process count itself. Each
+scenario also checks that it exercises what its id says and that the run was split.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import SHARED_TRACES, make_config, write_jsonl
+from test_fast_forward_equivalence import (
+    HOST_TIME_KEYS,
+    TABLES,
+    table_differences,
+    token_time_differences,
+    value_differences,
+)
+
+from model import simulate
+from model.sim import Result
+from model.workload.errors import TraceError
+
+CONVERSATION = SHARED_TRACES / "conversation_trace.jsonl"
+AZURE = SHARED_TRACES / "AzureLLMInferenceTrace_conv.csv"
+
+
+def _without_processes(summary: dict[str, Any]) -> dict[str, Any]:
+    out = {k: copy.deepcopy(v) for k, v in summary.items() if k not in HOST_TIME_KEYS}
+    meta = out["metadata"]
+    del meta["processes"], meta["config"]["parallel"]
+    meta.pop("processes_note", None)
+    return out
+
+
+def run_differences(split: Result, whole: Result) -> list[str]:
+    found = []
+    for name in TABLES:
+        found += table_differences(name, getattr(split, name), getattr(whole, name))
+    found += token_time_differences(
+        dict(sorted(split.token_times.items())), dict(sorted(whole.token_times.items()))
+    )
+    found += value_differences(_without_processes(split.summary), _without_processes(whole.summary))
+    return found
+
+
+def run_with(sections: dict[str, Any], processes: int) -> Result:
+    return simulate(make_config(**sections, parallel={"processes": processes}))
+
+
+def case(case_id: str, processes: int, expect: tuple[Any, ...] = (), **sections: Any) -> Any:
+    """One scenario: `expect` holds summary keys that must be positive, terminal statuses that
+    must occur, or predicates on the split run."""
+    sections.setdefault("output", {})
+    sections["output"] = {"progress": "off", "kv_events": True, **sections["output"]}
+    sections["engine"] = {"num_gpu_blocks": 16384, **sections.get("engine", {})}
+    sections.setdefault("timing", {"kind": "polynomial"})
+    return pytest.param(sections, processes, expect, id=case_id)
+
+
+def conversation(rows: int, **extra: Any) -> dict[str, Any]:
+    return {"kind": "mooncake", "path": str(CONVERSATION), "max_requests": rows, **extra}
+
+
+def workers_used(n: int) -> Callable[[Result], bool]:
+    def check(r: Result) -> bool:
+        return r.requests["decode_worker_idx"].dropna().nunique() == n
+
+    return check
+
+
+SCENARIOS = [
+    case("2w-2p", 2, (workers_used(2),), workload=conversation(300), topology={"num_workers": 2}),
+    case(
+        "4w-2p-per-token",
+        2,
+        (workers_used(4),),
+        workload=conversation(300),
+        topology={"num_workers": 4},
+        output={"per_token": True},
+    ),
+    case(
+        "4w-3p-uneven",
+        3,
+        (workers_used(4),),
+        workload=conversation(300),
+        topology={"num_workers": 4},
+    ),
+    case(
+        "3w-2p-dp2",
+        2,
+        (workers_used(3), lambda r: r.requests["dp_rank"].nunique() == 2),
+        workload=conversation(240),
+        topology={"num_workers": 3},
+        engine={"dp_size": 2},
+    ),
+    case(
+        "2w-2p-preempt-evict",
+        2,
+        ("n_preemptions", "n_kv_evictions"),
+        workload=conversation(200),
+        topology={"num_workers": 2},
+        engine={"num_gpu_blocks": 400, "preemption_mode": "lifo"},
+    ),
+    case(
+        "2w-2p-stepped",
+        2,
+        ("n_kv_evictions",),
+        workload=conversation(200),
+        topology={"num_workers": 2},
+        engine={"num_gpu_blocks": 600, "fast_forward": False},
+    ),
+    case(
+        "2w-2p-rejected",
+        2,
+        ("rejected",),
+        workload=conversation(200),
+        topology={"num_workers": 2},
+        engine={"max_model_len": 9000},
+    ),
+    case(
+        "2w-2p-cut-off",
+        2,
+        (
+            "incomplete",
+            lambda r: (r.requests["reason"] == "not arrived by max_virtual_time_ms").any(),
+        ),
+        workload=conversation(300),
+        topology={"num_workers": 2},
+        stop={"max_virtual_time_ms": 40_000.0},
+    ),
+    case(
+        "2w-2p-no-pass-table",
+        2,
+        (lambda r: r.summary["n_passes"] > 0 and len(r.passes) == 0,),
+        workload=conversation(200),
+        topology={"num_workers": 2},
+        output={"pass_table": False, "kv_events": False},
+    ),
+    case(
+        "azure-3w-2p",
+        2,
+        (workers_used(3),),
+        workload={"kind": "azure", "path": str(AZURE), "max_requests": 300},
+        topology={"num_workers": 3},
+    ),
+    case(
+        "more-processes-than-workers",
+        8,
+        (workers_used(2),),
+        workload=conversation(120),
+        topology={"num_workers": 2},
+    ),
+]
+
+
+def _check_expectations(r: Result, expect: tuple[Any, ...]) -> None:
+    for e in expect:
+        if callable(e):
+            assert e(r), f"scenario precondition {e} failed"
+        elif e in r.summary["terminal_status_counts"] or e in ("rejected", "incomplete"):
+            assert r.summary["terminal_status_counts"].get(e, 0) > 0, f"no {e} request"
+        else:
+            assert r.summary[e] > 0, f"summary {e} is {r.summary[e]}"
+
+
+@pytest.mark.parametrize(("sections", "processes", "expect"), SCENARIOS)
+def test_split_run_gives_the_one_process_answer(sections, processes, expect):
+    whole = run_with(sections, 1)
+    split = run_with(sections, processes)
+    _check_expectations(whole, expect)
+    n_workers = sections["topology"]["num_workers"]
+    assert split.summary["metadata"]["processes"] == min(processes, n_workers)
+    assert whole.summary["metadata"]["processes"] == 1
+    found = run_differences(split, whole)
+    assert not found, "the split run changed the answer:\n" + "\n".join(found[:20])
+
+
+def test_skipped_rows_are_counted_once(tmp_path: Path):
+    rows = [json.loads(line) for line in CONVERSATION.open().readlines()[:80]]
+    rows[10] = {"timestamp": rows[10]["timestamp"], "input_length": "many"}
+    rows[41]["output_length"] = -3
+    path = write_jsonl(tmp_path / "t.jsonl", rows)
+    sections = {
+        "workload": {"kind": "mooncake", "path": str(path), "skip_malformed": True},
+        "topology": {"num_workers": 2},
+    }
+    whole, split = run_with(sections, 1), run_with(sections, 2)
+    assert whole.summary["skipped_trace_rows"] == 2
+    assert split.summary["metadata"]["processes"] == 2
+    assert not run_differences(split, whole)
+
+
+def test_a_bad_row_near_the_end_fails_the_split_run_with_its_line(tmp_path: Path):
+    lines = CONVERSATION.open().readlines()[:400]
+    lines[397] = '{"timestamp": 1, "input_length": 10, "output_length": 2, "hash_ids": [1]\n'
+    path = tmp_path / "bad.jsonl"
+    path.write_text("".join(lines))
+    sections = {"workload": {"kind": "mooncake", "path": str(path)}, "topology": {"num_workers": 2}}
+    messages = []
+    for processes in (1, 2):
+        with pytest.raises(TraceError) as err:
+            run_with(sections, processes)
+        messages.append(str(err.value))
+    assert messages[0] == messages[1]
+    assert re.search(rf"{re.escape(str(path))}:398\b", messages[1]), messages[1]
+
+
+@pytest.mark.parametrize(
+    ("sections", "reason"),
+    [
+        ({"router": {"kind": "kv"}}, "router=kv"),
+        ({"router": {"kind": "random"}}, "router=random"),
+        ({"topology": {"num_workers": 1}}, "one worker"),
+        (
+            {
+                "workload": {
+                    "kind": "synthetic",
+                    "num_sessions": 20,
+                    "input_tokens": {"dist": "constant", "mean": 300, "min": 1, "max": 300},
+                    "output_tokens": {"dist": "constant", "mean": 20, "min": 1, "max": 20},
+                    "rate_rps": 5.0,
+                }
+            },
+            "open-loop trace replay",
+        ),
+        (
+            {"kv_cache": {"host_offload": {"num_host_blocks": 400}}},
+            "KV tiers",
+        ),
+    ],
+)
+def test_a_run_whose_workers_interact_runs_in_one_process_and_says_why(sections, reason):
+    base = {"workload": conversation(60), "topology": {"num_workers": 2}}
+    sections = {**base, **sections}
+    if "num_workers" in sections["topology"] and sections.get("router", {}).get("kind") == "kv":
+        sections["topology"] = {"num_workers": 2}
+    whole, asked = run_with(sections, 1), run_with(sections, 4)
+    meta = asked.summary["metadata"]
+    assert meta["processes"] == 1
+    assert meta["processes_note"].startswith("parallel.processes=4 not applied: ")
+    assert reason in meta["processes_note"]
+    assert "processes_note" not in whole.summary["metadata"]
+    if sections.get("router", {}).get("kind") != "kv":  # (the mocker-style KV router is seeded too)
+        assert not run_differences(asked, whole)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_traces_split_alike(seed: int, tmp_path: Path):
+    """Random Mooncake rows (shared prefixes, bursts of equal timestamps, long and empty
+    outputs), 2-5 workers, 2-3 processes, a small pool."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(40, 120))
+    t = np.cumsum(rng.choice([0, 0, 50, 400, 1500], size=n))
+    rows = []
+    for i in range(n):
+        n_blocks = int(rng.integers(1, 12))
+        prefix = list(range(int(rng.integers(0, 4)) * 3, int(rng.integers(0, 4)) * 3 + 3))
+        ids = prefix + [1000 + i * 20 + k for k in range(n_blocks)]
+        rows.append(
+            {
+                "timestamp": int(t[i]),
+                "input_length": len(ids) * 512 - int(rng.integers(0, 500)),
+                "output_length": int(rng.choice([0, 1, 5, 60, 300])),
+                "hash_ids": ids,
+            }
+        )
+    path = write_jsonl(tmp_path / f"r{seed}.jsonl", rows)
+    workers = int(rng.integers(2, 6))
+    sections = {
+        "workload": {"kind": "mooncake", "path": str(path)},
+        "topology": {"num_workers": workers},
+        "engine": {"num_gpu_blocks": int(rng.integers(200, 800))},
+        "output": {"progress": "off", "kv_events": True, "per_token": True},
+        "timing": {"kind": "polynomial"},
+    }
+    processes = int(rng.integers(2, 4))
+    whole, split = run_with(sections, 1), run_with(sections, processes)
+    assert split.summary["metadata"]["processes"] == min(processes, workers)
+    found = run_differences(split, whole)
+    assert not found, "\n".join(found[:20])
