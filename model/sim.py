@@ -442,12 +442,11 @@ def _replay(cfg: RunConfig, part: tuple[int, int] | None = None) -> Replay:
 
 def replay_part(cfg: RunConfig, k: int, n: int) -> Part:
     """Part k of n of a partitioned run: its records, and its requests still in flight for
-    the caller to end at the latest stop of all parts. Part 0 records the rows never reached
-    as not arrived (only a stop time leaves rows unread, and every part stops at it)."""
+    the caller to end at the latest stop of all parts. Its rows never reached are recorded
+    here as not arrived (only a stop time leaves rows unread, and every part stops at it)."""
     run = _replay(cfg, (k, n))
     assert isinstance(run.workload, StreamedWorkload)  # (plan_processes checked)
-    if k == 0:
-        _end_unfinished(cfg, run.recorder, run.env.now, [], None, run.workload)
+    _end_unfinished(cfg, run.recorder, run.env.now, [], None, run.workload)
     return Part(
         run.recorder,
         run.env.now,

@@ -12,8 +12,8 @@ from model.config.derived import num_gpu_blocks
 from model.config.schema import AggregatedTopology, RunConfig
 from model.metrics.recorder import Recorder
 from model.router import KvRouter, build_router
+from model.router.round_robin import RoundRobin
 from model.timing import build_step_time
-from model.workload.build import NOT_HASHED
 from model.workload.hashing import BlockHasher
 from model.workload.request import Request
 
@@ -58,16 +58,18 @@ class AggregatedCluster(ClusterBase):
     def dispatch(self, req: Request) -> None:
         """A request arrives now: stamp it and hand it to the router (which sends it to a
         worker now, or later if it keeps it waiting)."""
+        if self.replays_worker is not None:
+            # a part of a partitioned run sees only its own rows: the round robin skips the
+            # ones routed in the other parts
+            assert isinstance(self.router, RoundRobin)
+            self.router.skip_to(req.idx)
         self.arrive(req)
         self.after_frontend(req, self.router.submit)
 
     def _send(self, req: Request, worker: int, rank: int) -> None:
         if self.replays_worker is not None and not self.replays_worker(worker):
-            self.elsewhere(req)
-            return
-        if req.prompt_hashes is NOT_HASHED:
             raise RuntimeError(
-                f"request {req.request_id} was routed to worker {worker}, which this part of "
-                "the partitioned run replays, but its prompt was not hashed here"
+                f"request {req.request_id} (row {req.idx}) was routed to worker {worker}, "
+                "which another part of the partitioned run replays"
             )
         self.workers[worker].submit(req, rank)

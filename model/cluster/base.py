@@ -16,7 +16,7 @@ from model.engine.vllm import VllmScheduler
 from model.engine.worker import Worker
 from model.kv.group_pool import choose_pool
 from model.kv.tiers import TierBuilder
-from model.metrics.recorder import COMPLETED, ELSEWHERE, REJECTED, Recorder
+from model.metrics.recorder import COMPLETED, REJECTED, Recorder
 from model.router import KvRouter, Router
 from model.timing import frontend_latency_ms
 from model.timing.base import StepTime
@@ -51,7 +51,7 @@ class ClusterBase:
         self.frontend_ms = frontend_latency_ms(cfg)
         self.in_frontend: dict[int, Request] = {}  # arrived, not yet at the router (by idx)
         # in one part of a partitioned run (model/parallel.py): whether worker k is replayed
-        # here; requests routed to the others are forgotten (None: every worker is)
+        # here (None: every worker is); only its workers' requests are dispatched
         self.replays_worker: Callable[[int], bool] | None = None
 
     @property
@@ -182,13 +182,6 @@ class ClusterBase:
         req.token_times_ms = array("d")
         self.n_in_flight += 1
         self.n_dispatched += 1
-
-    def elsewhere(self, req: Request) -> None:
-        """`req` was routed to a worker another part of the run replays: it ends there, not
-        here (never recorded here, not in flight)."""
-        self.n_in_flight -= 1
-        req.terminal_status = ELSEWHERE
-        req.token_times_ms = None
 
     def _admitted(self, req: Request, reused_tokens: int, now_ms: float) -> None:
         if req.n_admissions == 1:

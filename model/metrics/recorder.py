@@ -145,9 +145,6 @@ TABLES = ("requests", "passes", "kv", "kv_events", "transfers", "routing")
 COMPLETED = "completed"
 REJECTED = "rejected"
 INCOMPLETE = "incomplete"
-# not a terminal status: marks a request that another part of a partitioned run replays and
-# records (model/parallel.py)
-ELSEWHERE = "elsewhere"
 NAN = float("nan")
 
 

@@ -38,9 +38,6 @@ from model.workload.synthetic import generate
 
 Session = list[Request]
 
-# the prompt of a streamed request another part of a partitioned run replays (never read here)
-NOT_HASHED: list[int] = []
-
 
 @dataclass
 class Workload:
@@ -244,7 +241,7 @@ class StreamedWorkload:
         self._t0: float | None = None
         self._last: Request | None = None
         # in one part of a partitioned run (model/parallel.py): whether the request of row
-        # `idx` is replayed here (its prompt hashed); None: every one is
+        # `idx` is replayed here; None: every one is
         self.replays_row: Callable[[int], bool] | None = None
 
     def _make(self, row: TraceRow, hashed: bool) -> Request:
@@ -258,41 +255,46 @@ class StreamedWorkload:
             request_id=self._names.take(row),
             input_length=row.input_length,
             output_length=row.output_length,
-            prompt_hashes=_prompt(self._hasher, idx, row, self._tbs)
-            if hashed and (self.replays_row is None or self.replays_row(idx))
-            else self._unhashed(row, hashed),
+            prompt_hashes=_prompt(self._hasher, idx, row, self._tbs) if hashed else [],
             planned_arrival_ms=(ts - self._t0) / self._ratio,
         )
         req.affinity_group = row.group_id
         return req
 
-    def _unhashed(self, row: TraceRow, arrives: bool) -> list[int]:
-        """The prompt of a request that never runs here: it never arrives (no prompt), or
-        another part of the run replays it (NOT_HASHED); its trace ids still take their
-        canonical numbers, in row order, so the ids of later prompts are the same in every
-        part."""
-        if not arrives:
-            return []
+    def _elsewhere(self, row: TraceRow) -> bool:
+        """Whether another part of the run replays this row's request. Such a row is passed
+        over, but it still takes its place (the next index), its request id and its trace
+        ids' canonical numbers here, so every later row gets the same in every part."""
+        if self.replays_row is None or self.replays_row(self._next_idx):
+            return False
+        self._next_idx += 1
+        self._names.take(row)
+        if self._t0 is None:
+            self._t0 = row.timestamp_ms or 0.0
         if self._tbs is not None:
             self._hasher.canonical(row.hash_ids)
-        return NOT_HASHED
+        return True
 
     @property
     def sessions(self) -> Iterator[Session]:
-        """One single-request session per row, made when the driver asks for it."""
+        """One single-request session per row (of this part's rows, in a part of a
+        partitioned run), made when the driver asks for it."""
         for row in self._rows:
-            req = self._last = self._make(row, hashed=True)
-            yield [req]
+            if not self._elsewhere(row):
+                req = self._last = self._make(row, hashed=True)
+                yield [req]
         self._last = None
 
     def not_arrived(self) -> Iterator[Request]:
         """After the run: the request the driver held for its arrival (if it had not arrived),
-        then one per row never reached (no prompt hashes: they never run)."""
+        then one per row never reached (no prompt hashes: they never run); in a part of a
+        partitioned run, only this part's rows."""
         if self._last is not None and self._last.terminal_status == "":
             yield self._last
         self._last = None
         for row in self._rows:
-            yield self._make(row, hashed=False)
+            if not self._elsewhere(row):
+                yield self._make(row, hashed=False)
 
 
 def streams_rows(cfg: WorkloadConfig, load: LoadConfig) -> bool:
