@@ -495,6 +495,13 @@ def mocker_skip_reason(n_requests: int, args: argparse.Namespace) -> str | None:
     )
 
 
+def _plan_processes(cfg: Any) -> tuple[int, str]:
+    """How many processes servesim replays `cfg` in (model.parallel.plan_processes)."""
+    from model.parallel import plan_processes
+
+    return plan_processes(cfg)
+
+
 def run_case(
     spec: CaseSpec,
     trace: Path,
@@ -521,7 +528,11 @@ def run_case(
         split = compose_case(
             spec, trace, compare, [*args.servesim_override, f"parallel.processes={args.processes}"]
         )
-        configs["servesim_parallel"] = split.model_dump(mode="json")
+        n, why = _plan_processes(split)
+        if n > 1:
+            configs["servesim_parallel"] = split.model_dump(mode="json")
+        else:
+            print(f"  [{spec.name}] no parallel variant: {why}", file=sys.stderr)
     variants = {name: Variant(name, labels[name]) for name in configs}
     skipped = None
     if mocker_python is not None:

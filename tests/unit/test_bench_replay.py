@@ -103,6 +103,7 @@ def test_processes_adds_a_parallel_variant_paired_with_the_mocker(bench, monkeyp
         return bench.Sample(next(walls), 1.0, 100.0, 1.0, summary, import_s=0.1)
 
     monkeypatch.setattr(bench, "compose_case", compose)
+    monkeypatch.setattr(bench, "_plan_processes", lambda cfg: (2, ""))
     monkeypatch.setattr(bench, "run_servesim", sample)
     monkeypatch.setattr(bench, "run_mocker", sample)
     args = bench.parse_args(["--repeat", "2", "--processes", "2"])
@@ -117,3 +118,16 @@ def test_processes_adds_a_parallel_variant_paired_with_the_mocker(bench, monkeyp
     assert "parallel.processes=2 / mocker within each repetition: 0.67x, 0.67x" in (
         bench.case_markdown(case)
     )
+
+
+def test_processes_adds_no_variant_to_a_case_that_cannot_be_split(bench, monkeypatch, tmp_path):
+    monkeypatch.setattr(bench, "compose_case", lambda *a, **k: _Config())
+    monkeypatch.setattr(bench, "_plan_processes", lambda cfg: (1, "router=kv ..."))
+    summary = {"num_requests": 12, "mean_ttft_ms": 5.0, "completed_requests": 12}
+    sample = bench.Sample(1.0, 1.0, 100.0, 1.0, summary, import_s=0.1)
+    monkeypatch.setattr(bench, "run_servesim", lambda *a, **k: sample)
+    args = bench.parse_args(["--repeat", "1", "--processes", "2"])
+    case = bench.run_case(
+        bench.CASES["kv4"], tmp_path / "t.jsonl", args, _Compare(), None, tmp_path, 12
+    )
+    assert list(case.variants) == ["servesim"]
