@@ -104,6 +104,9 @@ def plan_processes(cfg: RunConfig) -> tuple[int, str]:
     if asked == 1:
         return 1, ""
     why = why_not_partitioned(cfg)
+    if not why and multiprocessing.current_process().daemon:
+        why = "simulate() runs in a daemonic process (a multiprocessing.Pool worker), which "
+        why += "cannot start processes"
     if why:
         return 1, f"parallel.processes={asked} not applied: {why}"
     assert isinstance(cfg.topology, AggregatedTopology)

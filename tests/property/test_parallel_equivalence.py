@@ -290,3 +290,18 @@ def test_random_traces_split_alike(seed: int, tmp_path: Path):
     assert split.summary["metadata"]["processes"] == min(processes, workers)
     found = run_differences(split, whole)
     assert not found, "\n".join(found[:20])
+
+
+def _split_in_a_pool_worker(sections: dict[str, Any]) -> dict[str, Any]:
+    return run_with(sections, 2).summary["metadata"]
+
+
+def test_a_pool_worker_runs_the_split_in_one_process_and_says_why():
+    """A multiprocessing.Pool worker is daemonic and may not start processes of its own."""
+    import multiprocessing
+
+    sections = {"workload": conversation(40), "topology": {"num_workers": 2}}
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        meta = pool.apply(_split_in_a_pool_worker, (sections,))
+    assert meta["processes"] == 1
+    assert "daemonic" in meta["processes_note"]
