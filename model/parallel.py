@@ -4,13 +4,13 @@ In an aggregated cluster behind round-robin routing, replaying an open-loop trac
 requests, nothing one worker does reaches another: the worker that takes a request is fixed by
 its place in the trace (request j goes to worker j mod N), its arrival by its timestamp, and
 the workers share nothing else. Such a run splits into parts. Part k of P reads the whole trace
-and dispatches every arrival, but keeps only the requests of workers k, k + P, k + 2P, ...: it
-hashes only their prompts (every row's trace ids still take their canonical numbers, in trace
-order, so every block id is the one-process run's) and records only what its workers do. The
-parts run in separate processes (part 0 in the calling one) and their recorders are merged
-(`Recorder.absorb`). Every table sorts its rows by time and worker, keeping recording order only
-among one worker's rows, so the merged tables, and the summary built from them, are the
-one-process run's (tests/property/test_parallel_equivalence.py).
+but dispatches only the requests of workers k, k + P, k + 2P, ... (every other row still takes
+its index, its request id and its trace ids' canonical numbers, so every block id and every
+error is the one-process run's; the round robin skips the other parts' turns), and records
+only what its workers do. The parts run in separate processes (part 0 in the calling one) and
+their recorders are merged (`Recorder.absorb`). Every table sorts its rows by time and worker,
+keeping recording order only among one worker's rows, so the merged tables, and the summary
+built from them, are the one-process run's (tests/property/test_parallel_equivalence.py).
 
 Anything that couples workers rules it out, and `plan_processes` says which: a router that
 looks at the workers (KV-aware) or draws at random, P/D disaggregation (transfers), KV tiers
