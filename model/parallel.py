@@ -122,7 +122,8 @@ def rows_of(cfg: RunConfig, k: int, n: int) -> Callable[[int], bool]:
     """Whether part k of n replays the request of trace row j (round robin: worker j mod N)."""
     assert isinstance(cfg.topology, AggregatedTopology)
     workers = cfg.topology.num_workers
-    return lambda j: j % workers % n == k
+    replays = part_of(k, n)
+    return lambda j: replays(j % workers)
 
 
 def run_parts(cfg: RunConfig, n: int, replay_part: Callable[[RunConfig, int, int], Part]) -> Part:

@@ -343,13 +343,13 @@ def simulate(cfg: RunConfig) -> Result:
     processes, why_one = plan_processes(cfg)
     if processes > 1:
         merged = run_parts(cfg, processes, replay_part)
-        for req in merged.in_flight:
-            merged.recorder.request_terminal(req, INCOMPLETE, merged.stopped_at, _cut_reason(cfg))
+        _end_in_flight(cfg, merged.recorder, merged.stopped_at, merged.in_flight)
         return _collect(cfg, merged, None, wall_start, processes, why_one)
     run = _replay(cfg)
     stopped_at = run.env.now
     in_flight = run.cluster.in_flight()
-    _end_unfinished(cfg, run.recorder, stopped_at, in_flight, run.replay, run.workload)
+    _end_in_flight(cfg, run.recorder, stopped_at, in_flight, run.replay)
+    _end_not_arrived(cfg, run.recorder, stopped_at, run.replay, run.workload)
     part = Part(
         run.recorder,
         stopped_at,
@@ -446,7 +446,7 @@ def replay_part(cfg: RunConfig, k: int, n: int) -> Part:
     here as not arrived (only a stop time leaves rows unread, and every part stops at it)."""
     run = _replay(cfg, (k, n))
     assert isinstance(run.workload, StreamedWorkload)  # (plan_processes checked)
-    _end_unfinished(cfg, run.recorder, run.env.now, [], None, run.workload)
+    _end_not_arrived(cfg, run.recorder, run.env.now, None, run.workload)
     return Part(
         run.recorder,
         run.env.now,
@@ -457,28 +457,33 @@ def replay_part(cfg: RunConfig, k: int, n: int) -> Part:
     )
 
 
-def _cut_reason(cfg: RunConfig, replay: AgenticReplay | None = None) -> str:
-    """Why a request in flight when the run stopped did not end."""
-    if replay is not None and replay.profile is not None:
-        return "canceled at the agentic_profile response grace deadline"
-    if cfg.stop.max_virtual_time_ms is not None:
-        return "in flight at max_virtual_time_ms"
-    return "still in flight when nothing more could happen (the run stalled)"
-
-
-def _end_unfinished(
+def _end_in_flight(
     cfg: RunConfig,
     recorder: Recorder,
     stopped_at: float,
     in_flight: list[Request],
+    replay: AgenticReplay | None = None,
+) -> None:
+    """Record the requests still in flight when the run stopped."""
+    if replay is not None and replay.profile is not None:
+        cut = "canceled at the agentic_profile response grace deadline"
+    elif cfg.stop.max_virtual_time_ms is not None:
+        cut = "in flight at max_virtual_time_ms"
+    else:
+        cut = "still in flight when nothing more could happen (the run stalled)"
+    for req in in_flight:
+        recorder.request_terminal(req, INCOMPLETE, stopped_at, cut)
+
+
+def _end_not_arrived(
+    cfg: RunConfig,
+    recorder: Recorder,
+    stopped_at: float,
     replay: AgenticReplay | None,
     workload: Workload | StreamedWorkload | None,
 ) -> None:
-    """Record what had not ended when the run stopped: the requests in flight, then those
-    that never arrived."""
-    cut = _cut_reason(cfg, replay)
-    for req in in_flight:
-        recorder.request_terminal(req, INCOMPLETE, stopped_at, cut)
+    """Record the requests that never arrived by the time the run stopped (an agentic
+    replay ends its plays instead)."""
     if replay is not None:
         replay.finalize(stopped_at)
     else:
