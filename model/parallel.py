@@ -22,8 +22,11 @@ streamed trace (synthetic, agentic).
 from __future__ import annotations
 
 import multiprocessing
+import pickle
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from model.config.schema import AggregatedTopology, RoundRobinRouter, RunConfig
@@ -129,16 +132,41 @@ def rows_of(cfg: RunConfig, k: int, n: int) -> Callable[[int], bool]:
 def run_parts(cfg: RunConfig, n: int, replay_part: Callable[[RunConfig, int, int], Part]) -> Part:
     """Replay parts 1..n-1 in child processes and part 0 here; their merged records. An error
     in any part (a bad trace row: every part reads every row) is raised here, and the other
-    parts are stopped."""
+    parts are stopped.
+
+    A child leaves its part in a file rather than sending it back: a result sent through the
+    pool would be received (whole, then unpickled) while this process still replays its own
+    part, so its peak memory would hold its own world and the other parts' records at once.
+    Read from the files after this part's replay, one part at a time, each merged record
+    column is freed as soon as it is absorbed."""
     methods = multiprocessing.get_all_start_methods()
     ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-    with ctx.Pool(n - 1) as pool:
-        pending = [pool.apply_async(replay_part, (cfg, k, n)) for k in range(1, n)]
-        merged = replay_part(cfg, 0, n)
-        parts = [p.get() for p in pending]
-    for part in parts:
-        merged.recorder.absorb(part.recorder)
-        merged.in_flight.extend(part.in_flight)
-        merged.ranks.extend(part.ranks)
-        merged.stopped_at = max(merged.stopped_at, part.stopped_at)
+    with tempfile.TemporaryDirectory(prefix="servesim-parts-") as tmp:
+        paths = [Path(tmp) / f"part-{k}.pickle" for k in range(1, n)]
+        with ctx.Pool(n - 1) as pool:
+            pending = [
+                pool.apply_async(_replay_to_file, (replay_part, cfg, k, n, path))
+                for k, path in enumerate(paths, start=1)
+            ]
+            merged = replay_part(cfg, 0, n)
+            for p in pending:
+                p.get()
+        for path in paths:
+            with path.open("rb") as fh:
+                part = pickle.load(fh)
+            path.unlink()
+            merged.recorder.absorb(part.recorder)
+            merged.in_flight.extend(part.in_flight)
+            merged.ranks.extend(part.ranks)
+            merged.stopped_at = max(merged.stopped_at, part.stopped_at)
+            del part
     return merged
+
+
+def _replay_to_file(
+    replay_part: Callable[[RunConfig, int, int], Part], cfg: RunConfig, k: int, n: int, path: Path
+) -> None:
+    """In a child process: replay part k of n and pickle it to `path`."""
+    part = replay_part(cfg, k, n)
+    with path.open("wb") as fh:
+        pickle.dump(part, fh, protocol=pickle.HIGHEST_PROTOCOL)

@@ -259,12 +259,14 @@ class Columns:
         rows.clear()
 
     def absorb(self, other: Columns) -> None:
-        """Append `other`'s rows (the same fields) after this one's."""
+        """Move `other`'s rows (the same fields) after this one's, a column at a time: `other`
+        is left empty, each of its columns freed once copied."""
         self.flush()
         other.flush()
         for name, kind in self.fields.items():
             column = self.columns[name]
             theirs = other.columns[name]
+            other.columns[name] = theirs[:0]
             if kind == "c":
                 codes = self.codes[name]
                 for v in other.codes[name]:
@@ -357,15 +359,19 @@ class Recorder:
         self._pass_appends = tuple(p[name].append for name in PASS_COLUMNS)
 
     def absorb(self, other: Recorder) -> None:
-        """Append the rows `other` recorded after this recorder's: the recorder of another
-        part of the same run whose workers never met this one's (model/parallel.py). Every
+        """Append the rows `other` recorded after this recorder's (its row columns are moved,
+        not copied: `other` is not to be used again): the recorder of another part of the
+        same run whose workers never met this one's (model/parallel.py). Every
         table sorts its rows by time and worker, keeping recording order only among rows of
         one worker, so the tables come out as if one recorder had heard both parts."""
         self.requests.absorb(other.requests)
         self.late_values.absorb(other.late_values)
         n_single = len(self.passes["end_ms"])
         for name, column in self.passes.items():
-            column.extend(other.passes[name])
+            theirs = other.passes[name]
+            other.passes[name] = theirs[:0]  # (freed once copied: `other` is left empty)
+            column.extend(theirs)
+            del theirs
         self.stretches.extend(
             [(at + n_single, w, k, n, role, t) for at, w, k, n, role, t in other.stretches]
         )
