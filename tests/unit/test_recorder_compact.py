@@ -454,3 +454,22 @@ def test_appended_arrays_read_back_end_to_end(join_every, monkeypatch):
     assert ints.numpy().tolist() == expected_q and ints.numpy().dtype == np.int64
     with pytest.raises(TypeError, match="expected an array 'd'"):
         floats.append(array("q", [1]))
+
+
+def test_absorbed_rows_follow_and_leave_the_other_empty(monkeypatch):
+    """Merging another part's recorder (model/parallel.py) appends its kv rows after these,
+    with its pool names recoded into this recorder's codes, and moves them: the other
+    recorder's columns are emptied, so a merge never holds both parts' rows twice."""
+    monkeypatch.setattr(Columns, "CHUNK", 2)
+    mine, theirs = Recorder(), Recorder()
+    mine.kv_level(0.0, "cluster.w0", "device", 1, 0, 0)
+    theirs.kv_level(0.5, "cluster.w1", "device", 2, 1, 1)
+    theirs.kv_level(1.5, "cluster.w0", "device", 3, 0, 0)
+    theirs.kv_level(2.5, "cluster.w1", "host", 4, 2, 1)
+    mine.absorb(theirs)
+    table = kv_table(mine)
+    assert table.t_ms.tolist() == [0.0, 0.5, 1.5, 2.5]
+    assert table.pool.tolist() == ["cluster.w0", "cluster.w1", "cluster.w0", "cluster.w1"]
+    assert table.tier.tolist() == ["device", "device", "device", "host"]
+    assert table.used_blocks.tolist() == [1, 2, 3, 4]
+    assert len(theirs.kv) == 0
