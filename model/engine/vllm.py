@@ -58,11 +58,13 @@ class Batch:
     `items` are (request, tokens scheduled, prompt tokens computed, prompt tokens before) in
     running order. Prefill work counts prompt positions only; decode items are requests that
     caught up and still owe output, except a request whose first token comes from this
-    pass's prefill (it adds no decode time).
+    pass's prefill (it adds no decode time). `others` are the items that are not a running
+    request's plain decode step (those `schedule` counts as it forms them).
     """
 
     __slots__ = (
         "items",
+        "others",
         "n_prefill",
         "sum_prefill_isl",
         "sum_prefix",
@@ -76,6 +78,7 @@ class Batch:
 
     def __init__(self) -> None:
         self.items: list[tuple[Request, int, int, int]] = []
+        self.others: list[tuple[Request, int, int, int]] = []
         self.n_prefill = 0
         self.sum_prefill_isl = 0
         self.sum_prefix = 0
@@ -223,7 +226,9 @@ class VllmScheduler:
         req.num_computed_tokens = eff + want
         self._register_full(req)
         before = min(eff, prompt_len)
-        batch.items.append((req, want, min(eff + want, prompt_len) - before, before))
+        item = (req, want, min(eff + want, prompt_len) - before, before)
+        batch.items.append(item)
+        batch.others.append(item)
         return want
 
     # ------------------------------------------------------------------ one pass
@@ -387,6 +392,7 @@ class VllmScheduler:
         pool = self.pool
         bs = self.block_size
         caching = pool.enable_caching
+        n_steps = steps_ctx = 0  # plain decode steps, and the sum of their sequence lengths
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
@@ -404,6 +410,8 @@ class VllmScheduler:
                     if caching and target % bs == 0:
                         pool.register(req, self._block_hash(req, target // bs - 1))
                     items.append((req, 1, 0, prompt_len))
+                    n_steps += 1
+                    steps_ctx += target
                     n = 1
             else:
                 n = self._schedule_tokens(req, batch, budget, 0)
@@ -417,7 +425,11 @@ class VllmScheduler:
             i += 1
         if batch.n_preempted == 0:
             self._admit(batch, budget, now_ms)
-        self._summarise(batch)
+        if batch.n_preempted:
+            # a victim's item left the batch, whichever it was: every item counted again
+            self._summarise(batch, batch.items, 0, 0)
+        else:
+            self._summarise(batch, batch.others, n_steps, steps_ctx)
         return batch
 
     def _admit(self, batch: Batch, budget: int, now_ms: float) -> None:
@@ -602,7 +614,9 @@ class VllmScheduler:
         req.n_admissions += 1
         self.running.append(req)
         self.on_admit(req, 0, now_ms)
-        batch.items.append((req, 0, 0, req.input_length))
+        item = (req, 0, 0, req.input_length)
+        batch.items.append(item)
+        batch.others.append(item)
 
     def _admit_delivered(self, batch: Batch, now_ms: float, start: int) -> None:
         """Admit the delivered requests among waiting[start:], in queue order, past the
@@ -614,10 +628,15 @@ class VllmScheduler:
             waiting.remove(req)
             self._admit_materialized(req, batch, now_ms)
 
-    def _summarise(self, batch: Batch) -> None:
-        n_prefill = sum_isl = sum_prefix = prefill_tokens = n_decode = sum_ctx = 0
+    def _summarise(
+        self, batch: Batch, items: list[tuple[Request, int, int, int]], n_steps: int, steps_ctx: int
+    ) -> None:
+        """The batch's pricing summary from `items` and `n_steps` plain decode steps (one
+        token each, of sequences summing to `steps_ctx` tokens), counted as they were formed."""
+        n_prefill = sum_isl = sum_prefix = prefill_tokens = 0
+        n_decode, sum_ctx = n_steps, steps_ctx
         decode_role = self.role == "decode"
-        for req, _n, prompt_tokens, before in batch.items:
+        for req, _n, prompt_tokens, before in items:
             out = req.num_output_tokens
             if prompt_tokens > 0 and not decode_role:  # decode workers never price prefill
                 n_prefill += 1
@@ -692,13 +711,17 @@ class VllmScheduler:
             )
         return ""
 
-    def finish(self, batch: Batch) -> tuple[list[Request], list[Request]]:
-        """Apply a pass at its end: every request that caught up emits a token; returns the
-        requests that completed and those that emitted a token (stamped by the caller).
-        Completed requests release their blocks: zero-output ones first, then the others,
-        each in running order."""
+    def finish(
+        self,
+        batch: Batch,
+        end_ms: float,
+        on_first_token: Callable[[Request], None] | None = None,
+    ) -> list[Request]:
+        """Apply a pass at its end, `end_ms`: every request that caught up emits a token,
+        stamped then (`on_first_token` is told of each first token); returns the requests that
+        completed. Completed requests release their blocks: zero-output ones first, then the
+        others, each in running order."""
         max_len = self.cfg.max_model_len
-        emitted: list[Request] = []
         zero_out: list[Request] = []
         last_token: list[Request] = []
         for req, _n, _p, _b in batch.items:
@@ -710,7 +733,16 @@ class VllmScheduler:
                 continue
             out += 1
             req.num_output_tokens = out
-            emitted.append(req)
+            if out == 1:
+                req.first_token_ms = end_ms
+                if on_first_token is not None:
+                    on_first_token(req)
+            elif out == 2:
+                req.second_token_ms = end_ms
+            req.last_token_ms = end_ms
+            times = req.token_times_ms
+            if times is not None:
+                times.append(end_ms)
             if out >= req.output_length or (
                 max_len is not None and req.input_length + out >= max_len
             ):
@@ -722,4 +754,4 @@ class VllmScheduler:
                     self.pool.release(req)
                 req.status = Status.DONE
             self.running = [r for r in self.running if r.status == Status.RUNNING]
-        return done, emitted
+        return done

@@ -468,20 +468,7 @@ class Worker:
             tiers = rank.scheduler.tiers
             if tiers is not None:  # before finished requests let go of their blocks
                 tiers.store_pass(batch)
-            finished, emitted = rank.scheduler.finish(batch)
-            done.extend(finished)
-            for req in emitted:
-                k = req.num_output_tokens
-                if k == 1:
-                    req.first_token_ms = end
-                    if self.on_first_token is not None:
-                        self.on_first_token(req)
-                elif k == 2:
-                    req.second_token_ms = end
-                req.last_token_ms = end
-                times = req.token_times_ms
-                if times is not None:
-                    times.append(end)
+            done.extend(rank.scheduler.finish(batch, end, self.on_first_token))
             self.recorder.pass_done(
                 self.idx,
                 rank.dp_rank,
