@@ -138,7 +138,8 @@ def run_parts(cfg: RunConfig, n: int, replay_part: Callable[[RunConfig, int, int
     pool would be received (whole, then unpickled) while this process still replays its own
     part, so its peak memory would hold its own world and the other parts' records at once.
     Read from the files after this part's replay, one part at a time, each merged record
-    column is freed as soon as it is absorbed."""
+    column is freed as soon as it is absorbed. A child that cannot write its file (a full
+    disk) sends its part back instead."""
     methods = multiprocessing.get_all_start_methods()
     ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
     with tempfile.TemporaryDirectory(prefix="servesim-parts-") as tmp:
@@ -149,12 +150,12 @@ def run_parts(cfg: RunConfig, n: int, replay_part: Callable[[RunConfig, int, int
                 for k, path in enumerate(paths, start=1)
             ]
             merged = replay_part(cfg, 0, n)
-            for p in pending:
-                p.get()
-        for path in paths:
-            with path.open("rb") as fh:
-                part = pickle.load(fh)
-            path.unlink()
+            sent = [p.get() for p in pending]
+        for path, part in zip(paths, sent, strict=True):
+            if part is None:
+                with path.open("rb") as fh:
+                    part = pickle.load(fh)
+                path.unlink()
             merged.recorder.absorb(part.recorder)
             merged.in_flight.extend(part.in_flight)
             merged.ranks.extend(part.ranks)
@@ -165,8 +166,14 @@ def run_parts(cfg: RunConfig, n: int, replay_part: Callable[[RunConfig, int, int
 
 def _replay_to_file(
     replay_part: Callable[[RunConfig, int, int], Part], cfg: RunConfig, k: int, n: int, path: Path
-) -> None:
-    """In a child process: replay part k of n and pickle it to `path`."""
+) -> Part | None:
+    """In a child process: replay part k of n and pickle it to `path` (None), or return it
+    if the file cannot be written."""
     part = replay_part(cfg, k, n)
-    with path.open("wb") as fh:
-        pickle.dump(part, fh, protocol=pickle.HIGHEST_PROTOCOL)
+    try:
+        with path.open("wb") as fh:
+            pickle.dump(part, fh, protocol=pickle.HIGHEST_PROTOCOL)
+    except OSError:
+        path.unlink(missing_ok=True)
+        return part
+    return None

@@ -302,3 +302,36 @@ def test_a_pool_worker_runs_the_split_in_one_process_and_says_why():
         meta = pool.apply(_split_in_a_pool_worker, (sections,))
     assert meta["processes"] == 1
     assert "daemonic" in meta["processes_note"]
+
+
+def test_a_part_that_cannot_be_written_to_a_file_is_sent_back(monkeypatch):
+    """A child whose part file cannot be written (a full disk) returns its part through the
+    process pool instead: the same tables and summary, and no file left behind."""
+    import pickle
+    import tempfile
+    import types
+
+    import model.parallel as parallel
+
+    def no_room(obj: Any, fh: Any, protocol: int | None = None) -> None:
+        raise OSError(28, "No space left on device")
+
+    fake = types.SimpleNamespace(
+        dump=no_room, load=pickle.load, HIGHEST_PROTOCOL=pickle.HIGHEST_PROTOCOL
+    )
+    monkeypatch.setattr(parallel, "pickle", fake)
+    made: list[str] = []
+    real_tmp = tempfile.TemporaryDirectory
+
+    def tracked(*args: Any, **kwargs: Any) -> Any:
+        d = real_tmp(*args, **kwargs)
+        made.append(d.name)
+        return d
+
+    monkeypatch.setattr(parallel.tempfile, "TemporaryDirectory", tracked)
+    sections = {"workload": conversation(60), "topology": {"num_workers": 3}}
+    whole, split = run_with(sections, 1), run_with(sections, 3)
+    assert split.summary["metadata"]["processes"] == 3
+    found = run_differences(split, whole)
+    assert not found, "\n".join(found[:20])
+    assert made and not any(Path(d).exists() for d in made)
