@@ -359,19 +359,18 @@ class Recorder:
         self._pass_appends = tuple(p[name].append for name in PASS_COLUMNS)
 
     def absorb(self, other: Recorder) -> None:
-        """Append the rows `other` recorded after this recorder's (its row columns are moved,
-        not copied: `other` is not to be used again): the recorder of another part of the
-        same run whose workers never met this one's (model/parallel.py). Every
-        table sorts its rows by time and worker, keeping recording order only among rows of
-        one worker, so the tables come out as if one recorder had heard both parts."""
+        """Append the rows `other` recorded after this recorder's: the recorder of another
+        part of the same run whose workers never met this one's (model/parallel.py). Its row
+        columns are moved, not copied (`other` is not to be used again). Every table sorts
+        its rows by time and worker, keeping recording order only among rows of one worker,
+        so the tables come out as if one recorder had heard both parts."""
         self.requests.absorb(other.requests)
         self.late_values.absorb(other.late_values)
         n_single = len(self.passes["end_ms"])
         for name, column in self.passes.items():
             theirs = other.passes[name]
-            other.passes[name] = theirs[:0]  # (freed once copied: `other` is left empty)
+            other.passes[name] = theirs[:0]  # (freed once copied)
             column.extend(theirs)
-            del theirs
         self.stretches.extend(
             [(at + n_single, w, k, n, role, t) for at, w, k, n, role, t in other.stretches]
         )
