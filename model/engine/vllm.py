@@ -93,9 +93,10 @@ class Batch:
 class Stretch:
     """Decode passes applied at once: their end times, the decoding sequences, the pool's
     active blocks before them; the pool levels after each pass that allocated, as (pass,
-    active, cached); the pass of each KV event the stretch buffered, in order."""
+    active, cached); the pass of each KV event the stretch buffered, in order; the requests
+    its last pass completed (delivered at its end)."""
 
-    __slots__ = ("ends", "n_decode", "active_before", "levels", "event_passes")
+    __slots__ = ("ends", "n_decode", "active_before", "levels", "event_passes", "done")
 
     def __init__(self, ends: array[float], n_decode: int, active_before: int) -> None:
         self.ends = ends
@@ -103,6 +104,7 @@ class Stretch:
         self.active_before = active_before
         self.levels: list[tuple[int, int, int]] = []
         self.event_passes: list[int] = []
+        self.done: list[Request] = []
 
 
 class VllmScheduler:
@@ -243,11 +245,14 @@ class VllmScheduler:
         one token per request and lasts the decode time of `n` sequences whose lengths sum to
         one more token each pass. `decode_ends(n, sum of sequence lengths, k)` gives the end
         times of up to `k` such passes, as many as end before the worker's horizon. This
-        applies them exactly as pass-by-pass scheduling would: the completing pass, and the
-        pass whose block allocation would fail (a preemption), are left to `schedule`; blocks a
-        pass needs are allocated (evicting cached blocks as it would), blocks that become full
-        are registered: pass by pass in running order when the pool records KV events, in bulk
-        otherwise (the same end state and levels). Returns None when no pass qualifies.
+        applies them exactly as pass-by-pass scheduling would: blocks a pass needs are
+        allocated (evicting cached blocks as it would), blocks that become full are registered:
+        pass by pass in running order when the pool records KV events, in bulk otherwise (the
+        same end state and levels). The stretch ends with the first pass that completes a
+        request, whose completions it applies as `finish` does (`Stretch.done`; with KV tiers,
+        whose copies are stored at pass ends, that pass is left to `schedule`); the pass whose
+        block allocation would fail (a preemption) is left to `schedule`. Returns None when no
+        pass qualifies.
         """
         running = self.running
         n = len(running)
@@ -267,14 +272,18 @@ class VllmScheduler:
             seq = p + out
             if c < p or seq - c != 1:
                 return None
-            # passes before the one that emits its last token (compared inline: this loop
+            # passes up to the one that emits its last token (compared inline: this loop
             # runs for every running request at every pass the event loop plans)
-            k = r.output_length - out - 1
+            k = r.output_length - out
             if k < k_max:
                 k_max = k
-            if max_len is not None and max_len - seq - 1 < k_max:
-                k_max = max_len - seq - 1
+            if max_len is not None and max_len - seq < k_max:
+                k_max = max_len - seq
             sum_ctx += seq
+        completing = k_max  # the pass, counted from 1, that completes a request
+        if self.tiers is not None:  # (that pass stores tier copies: `schedule` forms it)
+            k_max -= 1
+            completing = 0
         if k_max <= 0:
             return None
         pool = self.pool
@@ -319,7 +328,32 @@ class VllmScheduler:
             self._stretch_pass_by_pass(stretch, allocs, full)
         else:
             self._stretch_in_bulk(stretch, allocs, full)
+        if k == completing:
+            stretch.done = self._complete_decoded()
         return stretch
+
+    def _complete_decoded(self) -> list[Request]:
+        """After a pass in which only running requests decoded: those that emitted their last
+        token release their blocks, in running order, and leave (as in `finish`)."""
+        max_len = self.cfg.max_model_len
+        done = [
+            r
+            for r in self.running
+            if r.num_output_tokens >= r.output_length
+            or (max_len is not None and r.input_length + r.num_output_tokens >= max_len)
+        ]
+        self._leave(done)
+        return done
+
+    def _leave(self, done: list[Request]) -> None:
+        """Completed requests release their blocks, in this order, and leave the running set."""
+        if not done:
+            return
+        for req in done:
+            if not req.hold_kv:  # a prefill copy keeps its KV until the handoff releases it
+                self.pool.release(req)
+            req.status = Status.DONE
+        self.running = [r for r in self.running if r.status == Status.RUNNING]
 
     def _stretch_in_bulk(
         self, stretch: Stretch, allocs: list[tuple[int, int]], full: list[tuple[int, range]]
@@ -748,10 +782,5 @@ class VllmScheduler:
             ):
                 last_token.append(req)
         done = zero_out + last_token
-        if done:
-            for req in done:
-                if not req.hold_kv:  # a prefill copy keeps its KV until the handoff releases it
-                    self.pool.release(req)
-                req.status = Status.DONE
-            self.running = [r for r in self.running if r.status == Status.RUNNING]
+        self._leave(done)
         return done

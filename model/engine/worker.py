@@ -295,6 +295,13 @@ class Worker:
                     if stretch is not None:
                         self._record_stretch(t, stretch)
                         t = stretch.ends[-1]
+                        if stretch.done:  # its last pass completed requests: deliver them
+                            self._sample_kv(ranks[0], t)
+                            self.busy = True
+                            yield from self._until_pass_end(t)
+                            self.busy = False
+                            self._end_pass(stretch.done, [])
+                            break
                 batches = [r.scheduler.schedule(t) for r in ranks]
                 if not any(b.items for b in batches):
                     if not any(b.rejected or b.n_preempted for b in batches):
