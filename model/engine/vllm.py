@@ -240,7 +240,8 @@ class VllmScheduler:
     ) -> Stretch | None:
         """Fast-forward passes that only decode and change nothing but counters and blocks.
 
-        When nothing waits and every running request is one decode token short, the next
+        When nothing waits (or the head of the queue waits for a completion: `_head_waits`)
+        and every running request is one decode token short, the next
         passes are all alike until a request completes or an allocation fails: each computes
         one token per request and lasts the decode time of `n` sequences whose lengths sum to
         one more token each pass. `decode_ends(n, sum of sequence lengths, k)` gives the end
@@ -256,7 +257,9 @@ class VllmScheduler:
         """
         running = self.running
         n = len(running)
-        if self.waiting or self.loaded or n == 0 or n > self.cfg.max_num_batched_tokens:
+        if self.loaded or n == 0 or n > self.cfg.max_num_batched_tokens:
+            return None
+        if self.waiting and not self._head_waits():
             return None
         last = running[-1]
         if last.num_computed_tokens < last.input_length:
@@ -331,6 +334,29 @@ class VllmScheduler:
         if k == completing:
             stretch.done = self._complete_decoded()
         return stretch
+
+    def _head_waits(self) -> bool:
+        """Whether the head of the waiting queue waits for a completion: while only running
+        requests decode, `_admit` would neither admit it nor reject it, in any pass before
+        the next completion. So it is when the running set is full, or when the blocks it
+        needs beyond its active prefix exceed the free ones: decoding only takes free blocks
+        (and may evict part of its cached prefix, which only adds to what it needs), and
+        nothing frees one before a completion."""
+        if self.pending_reservations or self.tiers is not None:
+            return False
+        if len(self.running) >= self.cfg.max_num_seqs:
+            return True
+        req = self.waiting[0]
+        if req.materialized or (req.n_admissions == 0 and self._never_fits(req)):
+            return False
+        bs = self.block_size
+        seq = req.seq_len
+        _hit, hit_active = self.pool.match(self._known_hashes(req))
+        if req.num_output_tokens < req.output_length:
+            hit_active = min(hit_active, (seq - 1) // bs)  # (as `_admit` caps it)
+        blocks = -(-seq // bs)
+        pool = self.pool
+        return blocks - hit_active > pool.free_blocks and blocks <= pool.capacity_blocks
 
     def _complete_decoded(self) -> list[Request]:
         """After a pass in which only running requests decoded: those that emitted their last
