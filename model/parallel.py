@@ -160,7 +160,6 @@ def run_parts(cfg: RunConfig, n: int, replay_part: Callable[[RunConfig, int, int
             merged.in_flight.extend(part.in_flight)
             merged.ranks.extend(part.ranks)
             merged.stopped_at = max(merged.stopped_at, part.stopped_at)
-            del part
     return merged
 
 

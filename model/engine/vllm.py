@@ -349,14 +349,22 @@ class VllmScheduler:
         req = self.waiting[0]
         if req.materialized or (req.n_admissions == 0 and self._never_fits(req)):
             return False
-        bs = self.block_size
-        seq = req.seq_len
-        _hit, hit_active = self.pool.match(self._known_hashes(req))
-        if req.num_output_tokens < req.output_length:
-            hit_active = min(hit_active, (seq - 1) // bs)  # (as `_admit` caps it)
-        blocks = -(-seq // bs)
+        _hashes, _hit, hit_active = self._prefix_hit(req)
+        blocks = -(-req.seq_len // self.block_size)
         pool = self.pool
         return blocks - hit_active > pool.free_blocks and blocks <= pool.capacity_blocks
+
+    def _prefix_hit(self, req: Request) -> tuple[list[int], int, int]:
+        """A waiting request's known block hashes and its resident prefix: blocks, and how
+        many of them are active, both short of the last known token's block when it still
+        owes output (that token is always recomputed to produce the next one)."""
+        hashes = self._known_hashes(req)
+        hit, hit_active = self.pool.match(hashes)
+        if req.num_output_tokens < req.output_length:
+            cap = (req.seq_len - 1) // self.block_size
+            hit = min(hit, cap)
+            hit_active = min(hit_active, cap)
+        return hashes, hit, hit_active
 
     def _complete_decoded(self) -> list[Request]:
         """After a pass in which only running requests decoded: those that emitted their last
@@ -520,13 +528,7 @@ class VllmScheduler:
                     batch.rejected.append((req, reason))
                     continue
             seq = req.seq_len
-            hashes = self._known_hashes(req)
-            hit, hit_active = pool.match(hashes)
-            if req.num_output_tokens < req.output_length:
-                # the last known token is always recomputed to produce the next one
-                cap = (seq - 1) // bs
-                hit = min(hit, cap)
-                hit_active = min(hit_active, cap)
+            hashes, hit, hit_active = self._prefix_hit(req)
             needed = -(-seq // bs) - hit_active
             if needed > pool.free_blocks:
                 if -(-seq // bs) > pool.capacity_blocks:

@@ -297,9 +297,7 @@ class Worker:
                         t = stretch.ends[-1]
                         if stretch.done:  # its last pass completed requests: deliver them
                             self._sample_kv(ranks[0], t)
-                            self.busy = True
-                            yield from self._until_pass_end(t)
-                            self.busy = False
+                            yield from self._busy_until_pass_end(t)
                             self._end_pass(stretch.done, [])
                             break
                 batches = [r.scheduler.schedule(t) for r in ranks]
@@ -334,20 +332,22 @@ class Worker:
                 if end >= horizon or not chain:
                     # something may happen before this pass ends (or the run may stop):
                     # apply it at its end, as it comes
-                    self.busy = True
-                    yield from self._until_pass_end(end)
-                    self.busy = False
+                    yield from self._busy_until_pass_end(end)
                     self._end_pass(self._finish(batches, t, end), batches)
                     break
                 # nothing can happen before the end: apply it now, deliver at its end
                 done = self._finish(batches, t, end)
                 if done or any(b.rejected for b in batches):
-                    self.busy = True
-                    yield from self._until_pass_end(end)
-                    self.busy = False
+                    yield from self._busy_until_pass_end(end)
                     self._end_pass(done, batches)
                     break
                 t = end  # chain the next pass
+
+    def _busy_until_pass_end(self, end: float) -> Generator[simpy.Event, None, None]:
+        """Wait out a pass the worker is computing: commands from outside wait for its end."""
+        self.busy = True
+        yield from self._until_pass_end(end)
+        self.busy = False
 
     def _until_pass_end(self, end: float) -> Generator[simpy.Event, None, None]:
         """Wait for a pass end, known meanwhile as `pending_end_ms` (see next_end_bound)."""
