@@ -301,7 +301,9 @@ def run_servesim(python: str, config: dict[str, Any], tmp: Path, **extra: Any) -
     request.write_text(json.dumps({"config": config, **extra}))
     result.unlink(missing_ok=True)
     cmd = [python, str(Path(__file__).resolve()), "--child", str(request), str(result)]
-    wall, usage = run_measured(cmd)
+    # a profile is of the source: cProfile sees nothing inside compiled modules
+    env = {**os.environ, "SERVESIM_NATIVE": "0"} if extra.get("profile") else None
+    wall, usage = run_measured(cmd, env)
     out = json.loads(result.read_text())
     sample = _sample(
         wall,
@@ -982,7 +984,19 @@ def _version(python: str, dist: str) -> str | None:
 
 def _revision(env_info: dict[str, Any]) -> str:
     git = env_info.get("servesim_git")
-    return f"git {git}" if git else f"from {env_info['servesim_repo']} (not a git checkout)"
+    where = f"git {git}" if git else f"from {env_info['servesim_repo']} (not a git checkout)"
+    build = env_info.get("servesim_native")
+    return f"{where}, {'native build ' + build if build else 'source (no native build)'}"
+
+
+def _native_build(python: str) -> str | None:
+    """The native build (model/native.py) the servesim interpreter uses, if any."""
+    code = "import model, model.native as n; print(n.ACTIVE or '')"
+    try:
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return out.stdout.strip() or None
 
 
 def environment(args: argparse.Namespace, mocker_python: str | None) -> dict[str, Any]:
@@ -996,6 +1010,7 @@ def environment(args: argparse.Namespace, mocker_python: str | None) -> dict[str
         "mem_total_gb": _mem_total_gb(),
         "loadavg_start": os.getloadavg(),
         "servesim_python": args.servesim_python,
+        "servesim_native": _native_build(args.servesim_python),
         "servesim_repo": str(REPO),
         "servesim_git": _git("describe", "--always", "--dirty"),
         "servesim_git_dirty_files": (

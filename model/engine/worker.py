@@ -28,6 +28,7 @@ from collections.abc import Callable, Generator
 from functools import partial
 from itertools import groupby
 from operator import itemgetter
+from typing import Any, Final
 
 import numpy as np
 import simpy
@@ -66,7 +67,7 @@ class DecodeTable:
     touch: a run pays only for the loads it reaches. The computed slots are one range,
     `lo..hi`, widened (gap included) to take in a load outside it."""
 
-    CHUNK = 4096  # slots computed together when the range widens
+    CHUNK: Final = 4096  # slots computed together when the range widens
 
     def __init__(self, by_kv: Callable[[np.ndarray], np.ndarray], total_kv_tokens: int) -> None:
         self.by_kv = by_kv
@@ -74,7 +75,7 @@ class DecodeTable:
         self.values = np.zeros(self.top + 1)
         self.lo, self.hi = 1, 0  # nothing computed yet
         # read as Python floats, without numpy scalars
-        self._slots = memoryview(self.values)  # type: ignore[arg-type]
+        self._slots: Any = memoryview(self.values)  # type: ignore[arg-type]
 
     def _cover(self, a: int, b: int) -> None:
         """Widen the computed range to take in slots a..b (a <= b <= top)."""

@@ -543,7 +543,8 @@ class GroupPool(PoolBase):
     def pin(self, keys: list[Key]) -> None:  # pragma: no cover - tiers use BlockPool
         raise NotImplementedError("tier copies pin blocks of a BlockPool (see choose_pool)")
 
-    unpin = pin
+    def unpin(self, keys: list[Key]) -> None:  # pragma: no cover - tiers use BlockPool
+        raise NotImplementedError("tier copies pin blocks of a BlockPool (see choose_pool)")
 
 
 Pool = BlockPool | GroupPool  # a rank's G1 pool

@@ -7,18 +7,18 @@ counters once per pass, and closed-loop drivers wait on its `done` event.
 from __future__ import annotations
 
 from array import array
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
     import simpy
 
 
 class Status:
-    PENDING = 0  # created, not yet dispatched
-    WAITING = 1  # queued on a worker
-    RUNNING = 2
-    DONE = 3
-    LOADING = 4  # its prefix is being copied into G1 from a lower tier
+    PENDING: Final = 0  # created, not yet dispatched
+    WAITING: Final = 1  # queued on a worker
+    RUNNING: Final = 2
+    DONE: Final = 3
+    LOADING: Final = 4  # its prefix is being copied into G1 from a lower tier
 
 
 class Request:
@@ -117,7 +117,7 @@ class Request:
         self.dp_rank = 0
         self.num_computed_tokens = 0
         self.num_output_tokens = 0
-        self.held_hashes: list[int] = []
+        self.held_hashes: list[Any] = []  # content hashes, or (hash, serial) for a duplicate copy
         self.held_private_blocks = 0
         self.prefilling = True
         self.n_preemptions = 0

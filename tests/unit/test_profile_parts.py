@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from model import native
 from model.kv.block_pool import BlockPool
 from model.workload.request import Request
 
@@ -22,6 +23,9 @@ def parts():
     return module
 
 
+@pytest.mark.skipif(
+    native.ACTIVE is not None, reason="cProfile sees no frames of the compiled modules"
+)
 def test_block_pool_work_is_counted_as_the_pool_and_shares_add_up(parts, tmp_path, capsys):
     pool = BlockPool(4096)
     prof = cProfile.Profile()

@@ -1,0 +1,242 @@
+"""The optional native build: the hot modules compiled by mypyc, imported instead of their source.
+
+servesim is plain Python and runs as such. `servesim-native build` compiles the modules a replay
+spends its time in (`MODULES`: the engine, the KV pools, requests, the trace reader, the cluster)
+with mypyc, the compiler that ships with mypy, from the very same source files, into a cache
+directory named by a digest of every source file of the package and of the interpreter's ABI.
+At `import model`, `activate()` looks for the build of the current sources and, when there is
+one, has those modules imported from it. Editing any source file changes the digest: the
+edited source then runs as Python until the next build, never a stale build. The answers are
+the same either way (tests/property/test_native_equivalence.py compares every table of both);
+only the speed differs (docs/performance.md).
+
+Environment: `SERVESIM_NATIVE=0` runs the source even when a build exists; `SERVESIM_NATIVE_DIR`
+moves the cache (default `$XDG_CACHE_HOME/servesim/native`, else `~/.cache/servesim/native`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+# what a replay spends its time in (docs/performance.md); a class compiled here can only be
+# subclassed by another compiled class, so ClusterBase's subclasses come with it
+MODULES = (
+    "model.engine.vllm",
+    "model.engine.worker",
+    "model.kv.block_pool",
+    "model.kv.group_pool",
+    "model.workload.hashing",
+    "model.workload.build",
+    "model.workload.mooncake",
+    "model.metrics.gaps",
+    "model.cluster.base",
+    "model.cluster.aggregated",
+    "model.cluster.disagg",
+)
+
+MANIFEST = "manifest.json"
+# type-checking settings of the build (the project's, from pyproject.toml)
+MYPY_INI = """[mypy]
+python_version = 3.11
+ignore_missing_imports = True
+plugins = pydantic.mypy
+"""
+
+# the build in use (its digest), or None: the source runs
+ACTIVE: str | None = None
+
+
+class NativeBuildError(RuntimeError):
+    """The native build could not be made (no compiler, or the compiler failed)."""
+
+
+def cache_root() -> Path:
+    """Where builds are kept, one directory per digest."""
+    moved = os.environ.get("SERVESIM_NATIVE_DIR")
+    if moved:
+        return Path(moved)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "servesim" / "native"
+
+
+def digest() -> str:
+    """The build's name: every source file of the package, the compiled modules' list and the
+    interpreter's extension ABI."""
+    h = hashlib.sha256()
+    h.update(f"{sysconfig.get_config_var('EXT_SUFFIX')}\0{','.join(MODULES)}\0".encode())
+    for path in sorted(PACKAGE_DIR.rglob("*.py")):
+        h.update(path.relative_to(PACKAGE_DIR).as_posix().encode() + b"\0")
+        h.update(path.read_bytes())
+    return h.hexdigest()[:20]
+
+
+def built() -> Path | None:
+    """The build of the current sources, if there is one."""
+    where = cache_root() / digest()
+    return where if (where / MANIFEST).is_file() else None
+
+
+class _BuildFinder(importlib.abc.MetaPathFinder):
+    """Imports the compiled modules (and mypyc's shared runtime) from one build."""
+
+    def __init__(self, files: dict[str, Path]) -> None:
+        self.files = files
+
+    def find_spec(
+        self,
+        fullname: str,
+        path: Sequence[str] | None = None,
+        target: ModuleType | None = None,
+    ) -> importlib.machinery.ModuleSpec | None:
+        file = self.files.get(fullname)
+        if file is None:
+            return None
+        loader = importlib.machinery.ExtensionFileLoader(fullname, str(file))
+        return importlib.util.spec_from_file_location(fullname, file, loader=loader)
+
+
+def activate() -> str | None:
+    """Use the build of the current sources, if there is one (and SERVESIM_NATIVE is not 0),
+    for the modules not imported yet; returns its digest, or None (the source runs)."""
+    global ACTIVE
+    if ACTIVE is not None:
+        return ACTIVE
+    if os.environ.get("SERVESIM_NATIVE", "1") == "0" or any(m in sys.modules for m in MODULES):
+        return None
+    where = built()
+    if where is None:
+        return None
+    try:
+        manifest = json.loads((where / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    sys.meta_path.insert(0, _BuildFinder({m: where / f for m, f in manifest["files"].items()}))
+    ACTIVE = where.name
+    return ACTIVE
+
+
+def build(force: bool = False) -> Path:
+    """Compile `MODULES` of the current sources into the cache (unless built already, or
+    `force`); returns the build's directory. Raises NativeBuildError if mypyc is missing or
+    fails (its output in the message)."""
+    tag = digest()
+    root = cache_root()
+    dest = root / tag
+    if (dest / MANIFEST).is_file() and not force:
+        return dest
+    if importlib.util.find_spec("mypyc") is None:
+        raise NativeBuildError(
+            "the native build needs mypyc, which comes with mypy: "
+            "pip install -e '.[native]' (or pip install mypy)"
+        )
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="servesim-native-") as tmp:
+        src = Path(tmp)
+        shutil.copytree(
+            PACKAGE_DIR,
+            src / "model",
+            ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.pyd"),
+        )
+        (src / "mypy.ini").write_text(MYPY_INI)
+        paths = [m.replace(".", "/") + ".py" for m in MODULES]
+        proc = subprocess.run(
+            [sys.executable, "-m", "mypyc", "--config-file", "mypy.ini", *paths],
+            cwd=src,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "SERVESIM_NATIVE": "0"},
+        )
+        if proc.returncode != 0:
+            out = (proc.stdout + proc.stderr)[-4000:]
+            raise NativeBuildError(f"mypyc failed (exit {proc.returncode}):\n{out}")
+        files: dict[str, str] = {}
+        for so in src.rglob("*" + suffix):
+            rel = so.relative_to(src)
+            if rel.parts[0] == "build":
+                continue  # the compiler's own copies
+            module = ".".join((*rel.parts[:-1], so.name[: -len(suffix)]))
+            files[module] = so.name
+        missing = sorted(set(MODULES) - set(files))
+        if missing:
+            raise NativeBuildError(f"mypyc built no module for {missing}")
+        stage = Path(tempfile.mkdtemp(prefix=f"{tag}.", dir=root))
+        for module, name in files.items():
+            at = src.joinpath(*module.split(".")[:-1], name)
+            shutil.copy2(at, stage / name)
+        (stage / MANIFEST).write_text(json.dumps({"files": files}, indent=1, sort_keys=True))
+        if dest.exists():  # a forced rebuild (or a concurrent one): the newer build wins
+            shutil.rmtree(dest, ignore_errors=True)
+        try:
+            stage.rename(dest)
+        except OSError:  # another build landed first: keep it
+            shutil.rmtree(stage, ignore_errors=True)
+    return dest
+
+
+def clean() -> int:
+    """Remove every build from the cache; returns how many there were."""
+    root = cache_root()
+    if not root.is_dir():
+        return 0
+    n = 0
+    for entry in root.iterdir():
+        if entry.is_dir():
+            shutil.rmtree(entry, ignore_errors=True)
+            n += 1
+    return n
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="servesim-native",
+        description="Compile servesim's hot modules with mypyc (same source, same answers, "
+        "faster), or say which build is in use.",
+    )
+    parser.add_argument(
+        "command", choices=("build", "status", "clean"), nargs="?", default="status"
+    )
+    parser.add_argument("--force", action="store_true", help="rebuild even if built")
+    args = parser.parse_args(argv)
+    if args.command == "build":
+        print(f"servesim-native: compiling {len(MODULES)} modules with mypyc (a minute or two)")
+        try:
+            where = build(force=args.force)
+        except NativeBuildError as exc:
+            print(f"servesim-native: {exc}", file=sys.stderr)
+            return 1
+        print(f"servesim-native: built {len(MODULES)} modules in {where}")
+        return 0
+    if args.command == "clean":
+        print(f"servesim-native: removed {clean()} build(s) from {cache_root()}")
+        return 0
+    current = built()
+    off = os.environ.get("SERVESIM_NATIVE", "1") == "0"
+    if current is None:
+        print(
+            f"servesim-native: no build of the current sources in {cache_root()} (the source runs)"
+        )
+    else:
+        state = "not used: SERVESIM_NATIVE=0" if off else "used"
+        print(f"servesim-native: build {current.name} in {current.parent} ({state})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
