@@ -48,6 +48,16 @@ MODULES = (
     "model.cluster.base",
     "model.cluster.aggregated",
     "model.cluster.disagg",
+    "model.cluster.handoff",
+    "model.kv.link",
+    "model.router.base",
+    "model.router.round_robin",
+    "model.router.random",
+    "model.router.kv",
+    "model.router.prefix_index",
+    "model.timing.base",
+    "model.timing.polynomial",
+    "model.workload.drivers",
 )
 
 MANIFEST = "manifest.json"
@@ -172,14 +182,14 @@ def build(force: bool = False) -> Path:
             if rel.parts[0] == "build":
                 continue  # the compiler's own copies
             module = ".".join((*rel.parts[:-1], so.name[: -len(suffix)]))
-            files[module] = so.name
+            files[module] = rel.as_posix()  # (package directories kept: names repeat)
         missing = sorted(set(MODULES) - set(files))
         if missing:
             raise NativeBuildError(f"mypyc built no module for {missing}")
         stage = Path(tempfile.mkdtemp(prefix=f"{tag}.", dir=root))
-        for module, name in files.items():
-            at = src.joinpath(*module.split(".")[:-1], name)
-            shutil.copy2(at, stage / name)
+        for rel_path in files.values():
+            (stage / rel_path).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src / rel_path, stage / rel_path)
         (stage / MANIFEST).write_text(json.dumps({"files": files}, indent=1, sort_keys=True))
         if dest.exists():  # a forced rebuild (or a concurrent one): the newer build wins
             shutil.rmtree(dest, ignore_errors=True)

@@ -326,6 +326,7 @@ class KvRouter(Router):
     def _enqueue(self, req: Request, overlaps: Overlaps, pinned: int, entered_ms: float) -> None:
         policy = self.cfg.queue_policy
         arrival = req.arrival_ms
+        key: int | float  # (an integer wspt key stays one)
         if policy == "fcfs":
             key = arrival
         elif policy == "lcfs":
