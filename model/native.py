@@ -16,21 +16,18 @@ moves the cache (default `$XDG_CACHE_HOME/servesim/native`, else `~/.cache/serve
 
 from __future__ import annotations
 
-import argparse
 import hashlib
-import importlib.abc
 import importlib.machinery
 import importlib.util
 import json
 import os
-import shutil
-import subprocess
 import sys
 import sysconfig
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
+
+# (what only `build` and the command use is imported there: `import model` runs this module)
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -102,8 +99,9 @@ def built() -> Path | None:
     return where if (where / MANIFEST).is_file() else None
 
 
-class _BuildFinder(importlib.abc.MetaPathFinder):
-    """Imports the compiled modules (and mypyc's shared runtime) from one build."""
+class _BuildFinder:
+    """Imports the compiled modules (and mypyc's shared runtime) from one build (a meta path
+    finder: `find_spec` is all the import system asks of one)."""
 
     def __init__(self, files: dict[str, Path]) -> None:
         self.files = files
@@ -136,7 +134,8 @@ def activate() -> str | None:
         manifest = json.loads((where / MANIFEST).read_text())
     except (OSError, ValueError):
         return None
-    sys.meta_path.insert(0, _BuildFinder({m: where / f for m, f in manifest["files"].items()}))
+    finder = _BuildFinder({m: where / f for m, f in manifest["files"].items()})
+    sys.meta_path.insert(0, finder)
     ACTIVE = where.name
     return ACTIVE
 
@@ -145,6 +144,10 @@ def build(force: bool = False) -> Path:
     """Compile `MODULES` of the current sources into the cache (unless built already, or
     `force`); returns the build's directory. Raises NativeBuildError if mypyc is missing or
     fails (its output in the message)."""
+    import shutil
+    import subprocess
+    import tempfile
+
     tag = digest()
     root = cache_root()
     dest = root / tag
@@ -155,6 +158,9 @@ def build(force: bool = False) -> Path:
             "the native build needs mypyc, which comes with mypy: "
             "pip install -e '.[native]' (or pip install mypy)"
         )
+    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(compiler) is None:
+        raise NativeBuildError(f"the native build needs a C compiler; {compiler} was not found")
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
     root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="servesim-native-") as tmp:
@@ -202,6 +208,8 @@ def build(force: bool = False) -> Path:
 
 def clean() -> int:
     """Remove every build from the cache; returns how many there were."""
+    import shutil
+
     root = cache_root()
     if not root.is_dir():
         return 0
@@ -214,6 +222,8 @@ def clean() -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
     parser = argparse.ArgumentParser(
         prog="servesim-native",
         description="Compile servesim's hot modules with mypyc (same source, same answers, "

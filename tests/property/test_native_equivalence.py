@@ -6,8 +6,8 @@ scenario of the fast-forward equivalence suite (tests/property/test_fast_forward
 in two fresh interpreters, one running the source (`SERVESIM_NATIVE=0`) and one the build,
 each in its fast-forward mode and, for a few, stepping too; then compares, per scenario, every
 table (`_ms` columns to 1e-6 ms, everything else exactly, dtypes included), the per-token
-times and the summary (exactly, host-time keys aside). It is skipped only where mypyc is not
-installed; a build that fails is a failure.
+times and the summary (exactly, host-time keys aside). It is skipped only where mypyc or a C
+compiler is missing; a build that fails is a failure.
 """
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ from __future__ import annotations
 import importlib.util
 import os
 import pickle
+import shutil
 import subprocess
 import sys
+import sysconfig
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -94,6 +96,9 @@ def _replay_all(tmp: Path, use_build: bool) -> tuple[str | None, dict[Any, Any]]
 def both(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[Any, Any], dict[Any, Any]]:
     if importlib.util.find_spec("mypyc") is None:
         pytest.skip("mypyc is not installed (pip install -e '.[native]')")
+    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(compiler) is None:
+        pytest.skip(f"no C compiler ({compiler}) for the native build")
     where = native.build()
     tmp = tmp_path_factory.mktemp("native")
     built, compiled = _replay_all(tmp, use_build=True)
@@ -159,4 +164,11 @@ def test_without_mypyc_the_build_says_what_to_install(monkeypatch, tmp_path):
         native.importlib.util, "find_spec", lambda name: None if name == "mypyc" else real(name)
     )
     with pytest.raises(native.NativeBuildError, match=r"pip install -e '\.\[native\]'"):
+        native.build()
+
+
+def test_without_a_c_compiler_the_build_says_so(monkeypatch, tmp_path):
+    monkeypatch.setenv("SERVESIM_NATIVE_DIR", str(tmp_path))
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    with pytest.raises(native.NativeBuildError, match="needs a C compiler"):
         native.build()
