@@ -1,7 +1,8 @@
 """The optional native build: the hot modules compiled by mypyc, imported instead of their source.
 
 servesim is plain Python and runs as such. `servesim-native build` compiles the modules a replay
-spends its time in (`MODULES`: the engine, the KV pools, requests, the trace reader, the cluster)
+spends its time in (`MODULES`: the engine, the KV pools, hashing, the trace reader and drivers,
+the routers, links and the cluster)
 with mypyc, the compiler that ships with mypy, from the very same source files, into a cache
 directory named by a digest of every source file of the package and of the interpreter's ABI.
 At `import model`, `activate()` looks for the build of the current sources and, when there is
@@ -11,7 +12,8 @@ the same either way (tests/property/test_native_equivalence.py compares every ta
 only the speed differs (docs/performance.md).
 
 Environment: `SERVESIM_NATIVE=0` runs the source even when a build exists; `SERVESIM_NATIVE_DIR`
-moves the cache (default `$XDG_CACHE_HOME/servesim/native`, else `~/.cache/servesim/native`).
+moves the cache (default `$XDG_CACHE_HOME/servesim/native`, else `~/.cache/servesim/native`),
+which keeps the `KEEP` newest builds (a few MB each).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ MODULES = (
 )
 
 MANIFEST = "manifest.json"
+KEEP = 4  # builds kept in the cache: the newest (of whichever sources)
 # type-checking settings of the build (the project's, from pyproject.toml)
 MYPY_INI = """[mypy]
 python_version = 3.11
@@ -203,7 +206,21 @@ def build(force: bool = False) -> Path:
             stage.rename(dest)
         except OSError:  # another build landed first: keep it
             shutil.rmtree(stage, ignore_errors=True)
+    prune(root, dest)
     return dest
+
+
+def prune(root: Path, current: Path) -> list[Path]:
+    """Remove the builds in `root` but `current` and the `KEEP` - 1 newest others (other
+    checkouts, or other states of these sources, may use them); returns those removed."""
+    import shutil
+
+    others = [d for d in root.iterdir() if d.is_dir() and d != current and (d / MANIFEST).is_file()]
+    others.sort(key=lambda d: d.stat().st_mtime, reverse=True)
+    gone = others[KEEP - 1 :]
+    for old in gone:
+        shutil.rmtree(old, ignore_errors=True)
+    return gone
 
 
 def clean() -> int:

@@ -172,3 +172,17 @@ def test_without_a_c_compiler_the_build_says_so(monkeypatch, tmp_path):
     monkeypatch.setattr("shutil.which", lambda name: None)
     with pytest.raises(native.NativeBuildError, match="needs a C compiler"):
         native.build()
+
+
+def test_a_new_build_keeps_only_the_newest_others(tmp_path):
+    builds = []
+    for k in range(native.KEEP + 2):
+        where = tmp_path / f"b{k}"
+        where.mkdir()
+        (where / native.MANIFEST).write_text('{"files": {}}')
+        os.utime(where, (1000 + k, 1000 + k))
+        builds.append(where)
+    current = builds[0]  # the oldest on disk, but the one just built
+    gone = native.prune(tmp_path, current)
+    assert sorted(gone) == builds[1:3]
+    assert sorted(d for d in tmp_path.iterdir()) == [current, *builds[3:]]
