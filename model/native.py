@@ -252,6 +252,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="rebuild even if built")
     args = parser.parse_args(argv)
     if args.command == "build":
+        if built() is not None and not args.force:
+            print(f"servesim-native: already built: {built()}")
+            return 0
         print(f"servesim-native: compiling {len(MODULES)} modules with mypyc (a minute or two)")
         try:
             where = build(force=args.force)
