@@ -19,6 +19,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from model import native
 from model.config.load import ConfigError, validate_config
 from model.sim import simulate
 from model.workload.errors import TraceError
@@ -95,6 +96,8 @@ def main(cfg: DictConfig) -> None:
         sys.exit(2)
     print(format_summary(summary))
     print(f"outputs      {out_dir}")
+    # which code ran: the source, or its compiled build (`servesim-native build`)
+    print(f"code         {'native build ' + native.ACTIVE if native.ACTIVE else 'Python source'}")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from model import native
 from model.cli import format_summary
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,6 +49,20 @@ def test_default_run_prints_a_summary_and_writes_tables(tmp_path):
     assert summary["completed_requests"] == summary["num_requests"] > 0
     for table in ("requests", "passes", "kv"):
         assert len(pd.read_parquet(run / f"{table}.parquet")) > 0
+
+
+def test_the_summary_says_which_code_ran(tmp_path, tiny_trace, monkeypatch):
+    """`code` names the native build the run used, or the Python source."""
+    args = ("workload=mooncake", f"workload.path={tiny_trace}", "hydra.run.dir=out")
+    monkeypatch.setenv("SERVESIM_NATIVE", "0")
+    out = servesim(*args, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1] == "code         Python source"
+    monkeypatch.delenv("SERVESIM_NATIVE")
+    out = servesim(*args, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    expected = f"native build {native.built().name}" if native.built() else "Python source"
+    assert out.stdout.splitlines()[-1] == f"code         {expected}"
 
 
 def test_trace_replay_writes_the_run_directory(tmp_path, tiny_trace):
