@@ -99,12 +99,20 @@ def both(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[Any, Any], dict
     compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
     if shutil.which(compiler) is None:
         pytest.skip(f"no C compiler ({compiler}) for the native build")
-    where = native.build()
     tmp = tmp_path_factory.mktemp("native")
-    built, compiled = _replay_all(tmp, use_build=True)
-    assert built == where.name, "the child did not run the build of these sources"
-    source_active, source = _replay_all(tmp, use_build=False)
-    assert source_active is None
+    try:  # the build's cache, or (where it cannot be written) one of this session's own
+        native.cache_root().mkdir(parents=True, exist_ok=True)
+        writable = os.access(native.cache_root(), os.W_OK)
+    except OSError:
+        writable = False
+    with pytest.MonkeyPatch.context() as patch:
+        if not writable:
+            patch.setenv("SERVESIM_NATIVE_DIR", str(tmp / "cache"))  # (the children inherit it)
+        where = native.build()
+        built, compiled = _replay_all(tmp, use_build=True)
+        assert built == where.name, "the child did not run the build of these sources"
+        source_active, source = _replay_all(tmp, use_build=False)
+        assert source_active is None
     return compiled, source
 
 
