@@ -96,6 +96,19 @@ def digest() -> str:
     return h.hexdigest()[:20]
 
 
+def disabled() -> bool:
+    """Whether SERVESIM_NATIVE=0 asks for the source even where a build exists."""
+    return os.environ.get("SERVESIM_NATIVE", "1") == "0"
+
+
+def missing_compiler() -> str | None:
+    """The C compiler Python's extensions are built with, if it cannot be found (else None)."""
+    import shutil
+
+    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    return compiler if shutil.which(compiler) is None else None
+
+
 def built() -> Path | None:
     """The build of the current sources, if there is one."""
     where = cache_root() / digest()
@@ -128,7 +141,7 @@ def activate() -> str | None:
     global ACTIVE
     if ACTIVE is not None:
         return ACTIVE
-    if os.environ.get("SERVESIM_NATIVE", "1") == "0" or any(m in sys.modules for m in MODULES):
+    if disabled() or any(m in sys.modules for m in MODULES):
         return None
     where = built()
     if where is None:
@@ -161,8 +174,8 @@ def build(force: bool = False) -> Path:
             "the native build needs mypyc, which comes with mypy: "
             "pip install -e '.[native]' (or pip install mypy)"
         )
-    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
-    if shutil.which(compiler) is None:
+    compiler = missing_compiler()
+    if compiler is not None:
         raise NativeBuildError(f"the native build needs a C compiler; {compiler} was not found")
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
     root.mkdir(parents=True, exist_ok=True)
@@ -252,8 +265,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="rebuild even if built")
     args = parser.parse_args(argv)
     if args.command == "build":
-        if built() is not None and not args.force:
-            print(f"servesim-native: already built: {built()}")
+        existing = built()
+        if existing is not None and not args.force:
+            print(f"servesim-native: already built: {existing}")
             return 0
         print(f"servesim-native: compiling {len(MODULES)} modules with mypyc (a minute or two)")
         try:
@@ -267,13 +281,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"servesim-native: removed {clean()} build(s) from {cache_root()}")
         return 0
     current = built()
-    off = os.environ.get("SERVESIM_NATIVE", "1") == "0"
     if current is None:
         print(
             f"servesim-native: no build of the current sources in {cache_root()} (the source runs)"
         )
     else:
-        state = "not used: SERVESIM_NATIVE=0" if off else "used"
+        state = "not used: SERVESIM_NATIVE=0" if disabled() else "used"
         print(f"servesim-native: build {current.name} in {current.parent} ({state})")
     return 0
 

@@ -15,10 +15,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import pickle
-import shutil
 import subprocess
 import sys
-import sysconfig
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -96,8 +94,8 @@ def _replay_all(tmp: Path, use_build: bool) -> tuple[str | None, dict[Any, Any]]
 def both(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[Any, Any], dict[Any, Any]]:
     if importlib.util.find_spec("mypyc") is None:
         pytest.skip("mypyc is not installed (pip install -e '.[native]')")
-    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
-    if shutil.which(compiler) is None:
+    compiler = native.missing_compiler()
+    if compiler is not None:
         pytest.skip(f"no C compiler ({compiler}) for the native build")
     tmp = tmp_path_factory.mktemp("native")
     try:  # the build's cache, or (where it cannot be written) one of this session's own
