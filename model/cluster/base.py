@@ -214,7 +214,5 @@ class ClusterBase:
             for rank in w.ranks:
                 sched = rank.scheduler
                 out.extend(sched.running)
-                out.extend(sched.waiting)
-                out.extend(sched.loading.values())
-                out.extend(sched.loaded)
+                out.extend(sched.queued())
         return out

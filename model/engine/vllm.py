@@ -44,6 +44,10 @@ if TYPE_CHECKING:
 OK = 0
 BLOCKED = -1
 SELF_PREEMPTED = -2
+# what a waiting request's blocks below G1 mean for its admission (`_start_load`)
+NO_COPY = 0  # none to copy in: admitted as usual
+LOADING = 1  # a copy into G1 started: it waits for it out of the queue
+DEFERRED = 2  # some are still on their way: it waits among the deferred
 
 
 def choose_victim(running: list[Request], mode: str) -> Request:
@@ -133,6 +137,8 @@ class VllmScheduler:
         self.tiers: RankTiers | None = None
         self.loading: dict[int, Request] = {}
         self.loaded: deque[Request] = deque()
+        # requests skipped because blocks they need were still on their way, in skip order
+        self.deferred: deque[Request] = deque()
         # blocks on their way into this pool by a load (content hash -> loads bringing it)
         self.loading_blocks: dict[int, int] = {}
         self.n_preemptions = 0
@@ -146,7 +152,11 @@ class VllmScheduler:
         self.waiting.append(req)
 
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting or self.loading or self.loaded)
+        return bool(self.running or self.waiting or self.loading or self.loaded or self.deferred)
+
+    def queued(self) -> list[Request]:
+        """Every request here that is not running: waiting, deferred, loading, loaded."""
+        return [*self.waiting, *self.deferred, *self.loading.values(), *self.loaded]
 
     # ------------------------------------------------------------------ blocks
 
@@ -501,6 +511,11 @@ class VllmScheduler:
         return batch
 
     def _admit(self, batch: Batch, budget: int, now_ms: float) -> None:
+        """Admit waiting requests while seats, blocks and budget last: first those whose tier
+        copy landed, then the deferred ones (skipped earlier because blocks they need were
+        still on their way), then the queue, in order. A request that does not fit stops
+        admission (head-of-line blocking); one whose blocks are still on their way is skipped
+        and waits among the deferred, ahead of the queue (vLLM's skipped waiting requests)."""
         cfg = self.cfg
         bs = self.block_size
         pool = self.pool
@@ -515,16 +530,23 @@ class VllmScheduler:
             # (a request preempted here) is admitted before it; delivered requests still are
             self._admit_delivered(batch, now_ms, 0)
             return
-        while waiting and len(running) < cfg.max_num_seqs:
-            req = waiting[0]
+        queue = self.deferred if self.deferred else waiting
+        k = 0  # queue[:k]: deferred requests whose blocks are still on their way
+        while len(running) < cfg.max_num_seqs:
+            if k == len(queue):
+                if queue is waiting:
+                    break
+                queue, k = waiting, 0
+                continue
+            req = queue[k]
             if req.materialized:
-                waiting.popleft()
+                del queue[k]
                 self._admit_materialized(req, batch, now_ms)
                 continue
             if req.n_admissions == 0:
                 reason = self._never_fits(req)
                 if reason:
-                    waiting.popleft()
+                    del queue[k]
                     batch.rejected.append((req, reason))
                     continue
             seq = req.seq_len
@@ -533,7 +555,7 @@ class VllmScheduler:
             if needed > pool.free_blocks:
                 if -(-seq // bs) > pool.capacity_blocks:
                     # more blocks than the whole pool: it will never fit
-                    waiting.popleft()
+                    del queue[k]
                     batch.rejected.append(
                         (
                             req,
@@ -546,14 +568,14 @@ class VllmScheduler:
                     # what holds the blocks it lacks is KV delivered to requests queued behind
                     # it, which need no new blocks: let them run (and free their blocks) rather
                     # than wait on each other forever
-                    self._admit_delivered(batch, now_ms, 1)
+                    self._admit_delivered(batch, now_ms, k + 1 if queue is waiting else 0)
                 break
             cached = hit * bs
             if (
                 not cfg.enable_chunked_prefill
                 and req.input_length - cached > cfg.max_num_batched_tokens
             ):
-                waiting.popleft()
+                del queue[k]
                 batch.rejected.append(
                     (
                         req,
@@ -563,10 +585,18 @@ class VllmScheduler:
                     )
                 )
                 continue
-            if self.loading_blocks and hit < len(hashes) and hashes[hit] in self.loading_blocks:
-                break  # its prefix continues in blocks a load is bringing: wait for them
-            if self.tiers is not None and self._start_load(req, hashes, hit, seq):
-                continue  # it waits for its blocks out of the queue; the next one may go
+            if self.tiers is not None:
+                lower = self._start_load(req, hashes, hit, seq)
+                if lower == DEFERRED:
+                    if queue is waiting:  # it joins the deferred requests, behind them
+                        del waiting[k]
+                        self.deferred.append(req)
+                    else:
+                        k += 1
+                    continue
+                if lower == LOADING:
+                    del queue[k]
+                    continue  # it waits for its blocks out of the queue; the next one may go
             if (not cfg.enable_chunked_prefill and req.input_length - cached > budget) or (
                 budget == 0 and seq > cached
             ):
@@ -578,7 +608,7 @@ class VllmScheduler:
             n = self._schedule_tokens(req, batch, budget, cached)
             if n < 0:  # pragma: no cover - the admission check guarantees the blocks
                 raise RuntimeError(f"admitted {req} could not be scheduled")
-            waiting.popleft()
+            del queue[k]
             req.status = Status.RUNNING
             req.n_admissions += 1
             running.append(req)
@@ -588,33 +618,37 @@ class VllmScheduler:
             if batch.n_preempted != preempted or (n == 0 and budget == 0):
                 break
 
-    def _start_load(self, req: Request, hashes: list[int], hit: int, seq: int) -> bool:
-        """If the prefix after the G1 hit continues in G2/G3, start the copy (G1 blocks taken
-        for what it brings) and take `req` out of `waiting` (True). The caller has checked that
-        the whole sequence's blocks fit."""
+    def _start_load(self, req: Request, hashes: list[int], hit: int, seq: int) -> int:
+        """If the prompt after the G1 hit continues in G2 (then G3), start copying those blocks
+        in (G1 blocks taken for what the copy brings) and return LOADING: the caller takes
+        `req` out of the queue. DEFERRED when a block of that run is still on its way (a load
+        into this pool, or a store into G2); NO_COPY when there is nothing to copy. The caller
+        has checked that the whole sequence's blocks fit."""
         assert self.tiers is not None
         bs = self.block_size
         stop = (seq - 1) // bs if req.num_output_tokens < req.output_length else seq // bs
         stop = min(stop, len(hashes))
         if stop <= hit:
-            return False
-        n_host, n_disk = self.tiers.lookup(hashes, hit, stop)
+            return NO_COPY
+        n_host, n_disk, on_the_way = self.tiers.lookup(hashes, hit, stop)
+        keys = hashes[hit : hit + n_host + n_disk]
+        loading = self.loading_blocks
+        if on_the_way or (loading and any(h in loading for h in keys)):
+            return DEFERRED
         if n_host + n_disk == 0:
-            return False
+            return NO_COPY
         pool = self.pool
         if hit:
             pool.acquire(req, hashes[:hit])
-        keys = hashes[hit : hit + n_host + n_disk]
         n_disk = self.tiers.load(req, keys[:n_host], keys[n_host:], self._landing(req, hit, keys))
         # G1 blocks for what the copy brings; the rest are taken when it is admitted
         if not pool.allocate(req, n_host + n_disk):  # pragma: no cover - checked by caller
             raise RuntimeError(f"load check passed but allocation failed for {req}")
         self.tiers.g1_changed()
-        count_in(self.loading_blocks, keys)
-        self.waiting.popleft()
+        count_in(loading, keys)
         req.status = Status.LOADING
         self.loading[req.idx] = req
-        return True
+        return LOADING
 
     def _landing(self, req: Request, hit: int, keys: list[int]) -> Callable[[int, int], None]:
         def landed(n_host: int, n_disk: int) -> None:

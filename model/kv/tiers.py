@@ -79,6 +79,9 @@ class TierPool:
         self.n_evicted = 0
         self.n_dropped = 0  # blocks a copy could not find room for
         self._level = (-1, -1)
+        # the ranks that read this tier (one, or every rank of a shared pool), told when
+        # blocks land: a request there may be waiting for them
+        self.readers: list[RankTiers] = []
 
     @property
     def free_blocks(self) -> int:
@@ -141,6 +144,8 @@ class TierPool:
         self.n_admitted += len(keys)
         self.touch(keys)
         self._sample()
+        for reader in self.readers:
+            reader.blocks_arrived()
 
     def pin(self, keys: list[int]) -> None:
         count_in(self.pins, keys)
@@ -194,6 +199,12 @@ class RankTiers:
         self.g3_to_g2 = g3_to_g2
         self.worker: Worker | None = None
         self.rank: Rank | None = None
+
+    def blocks_arrived(self) -> None:
+        """Blocks landed in G2: a request deferred until they did may be admitted now."""
+        assert self.rank is not None and self.worker is not None
+        if self.rank.scheduler.deferred:
+            self.worker.wake()
 
     # ------------------------------------------------------------------ G1 -> G2 (-> G3)
 
@@ -264,21 +275,28 @@ class RankTiers:
 
     # ------------------------------------------------------------------ G2 (G3) -> G1
 
-    def lookup(self, hashes: list[int], start: int, stop: int) -> tuple[int, int]:
+    def lookup(self, hashes: list[int], start: int, stop: int) -> tuple[int, int, bool]:
         """Blocks after the G1 prefix (`hashes[start:stop]`) found in G2, then consecutive
-        blocks after those found in G3 (and not already on their way into G2)."""
+        blocks after those found in G3 (and not already on their way into G2); and whether G2
+        is still receiving one of those it counts (a store in flight: counted, not readable)."""
         keys = hashes[start:stop]
-        n_host = self.g2.lookup(keys)
+        g2 = self.g2
+        n_host = g2.lookup(keys)
+        incoming = g2.incoming
+        on_the_way = False
+        if incoming:
+            while n_host < len(keys) and keys[n_host] in incoming:
+                on_the_way = True
+                n_host += g2.lookup(keys[n_host + 1 :]) + 1
         n_disk = 0
         g3 = self.g3
-        if g3 is not None:
-            g2 = self.g2
+        if g3 is not None and not on_the_way:
             for k in keys[n_host:]:
                 # a run of blocks G2 can stage (none already in G2, or on its way there)
                 if k not in g3.resident or k in g2.resident or k in g2.incoming:
                     break
                 n_disk += 1
-        return n_host, n_disk
+        return n_host, n_disk, on_the_way
 
     def load(
         self,
@@ -457,6 +475,7 @@ class TierBuilder:
         )
         tiers.worker = worker
         tiers.rank = rank
+        g2.readers.append(tiers)
         return tiers
 
     def _disk(
