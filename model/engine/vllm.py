@@ -30,7 +30,7 @@ from __future__ import annotations
 from array import array
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from model.config.schema import VllmEngineConfig
 from model.kv.block_pool import count_in, count_out
@@ -63,7 +63,10 @@ class Batch:
     running order. Prefill work counts prompt positions only; decode items are requests that
     caught up and still owe output, except a request whose first token comes from this
     pass's prefill (it adds no decode time). `others` are the items that are not a running
-    request's plain decode step (those `schedule` counts as it forms them).
+    request's plain decode step (those `schedule` counts as it forms them). `fences` are the
+    stores to G2 of the requests this pass preempted that are still in flight: the pass
+    computes once they have landed (vLLM flushes a preempted request's stores before its
+    blocks are reused; Dynamo's mocker holds the worker's next pass until then).
     """
 
     __slots__ = (
@@ -78,6 +81,7 @@ class Batch:
         "n_preempted",
         "active_blocks",
         "rejected",
+        "fences",
     )
 
     def __init__(self) -> None:
@@ -92,6 +96,7 @@ class Batch:
         self.n_preempted = 0
         self.active_blocks = 0
         self.rejected: list[tuple[Request, str]] = []
+        self.fences: list[Any] = []  # simpy events (the scheduler itself knows no SimPy)
 
 
 class Stretch:
@@ -214,6 +219,8 @@ class VllmScheduler:
                 del items[k]
                 break
         victim.num_computed_tokens = 0
+        if victim.host_store is not None:  # its prompt is still being copied to G2
+            batch.fences.append(victim.host_store)
         # a request's row counts its preemptions on either side of a P/D handoff
         (victim.parent or victim).n_preemptions += 1
         victim.status = Status.WAITING

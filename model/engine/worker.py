@@ -317,7 +317,17 @@ class Worker:
                     if t > env.now:
                         yield from self._until_pass_end(t)
                     self._end_pass(self._finish(batches, t, t), batches)
+                    # (the next one is planned once the victims' stores have landed)
+                    yield from self._wait_for_fences(batches)
                     break
+                if any(b.fences for b in batches):
+                    # a victim of this pass is still being copied to G2: it computes once the
+                    # copies have landed, and nothing else happens on this worker meanwhile
+                    if t > env.now:
+                        yield from self._until_pass_end(t)
+                    yield from self._wait_for_fences(batches)
+                    t = env.now
+                    horizon = t  # (no chaining past it)
                 for rank in ranks:
                     self._sample_kv(rank, t)
                 # lock-step ranks: the pass ends when the slowest rank's work does
@@ -343,6 +353,14 @@ class Worker:
                     self._end_pass(done, batches)
                     break
                 t = end  # chain the next pass
+
+    def _wait_for_fences(self, batches: list[Batch]) -> Generator[simpy.Event, None, None]:
+        """Wait, busy, until every store to G2 that the batches wait for has landed."""
+        fences = [f for b in batches for f in b.fences if not f.processed]
+        if fences:
+            self.busy = True
+            yield self.env.all_of(fences)
+            self.busy = False
 
     def _busy_until_pass_end(self, end: float) -> Generator[simpy.Event, None, None]:
         """Wait out a pass the worker is computing: commands from outside wait for its end."""

@@ -240,6 +240,9 @@ class RankTiers:
         )
 
         def landed(_: simpy.Event) -> None:
+            if req.host_store is done:
+                req.host_store = None
+
             def apply() -> None:
                 self.g2.land(admitted)
                 pool.unpin(g1_keys)
@@ -249,6 +252,7 @@ class RankTiers:
             worker.apply(apply)
 
         done.callbacks.append(landed)
+        req.host_store = done
 
     def _write_behind(self, request_id: str, keys: list[int]) -> None:
         g3 = self.g3
