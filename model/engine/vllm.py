@@ -315,11 +315,13 @@ class VllmScheduler:
             while i < k_max:
                 allocs.append((i, order))
                 i += bs
-        if len(allocs) > pool.free_blocks:
+        # nothing frees a block during the stretch: the first allocation past the free blocks
+        # would fail, and its pass preempts; one that would evict a block a copy to G2 is still
+        # reading fences its pass (left to `schedule`, with only empty blocks taken before it)
+        free = pool.n_empty if pool.n_pinned_inactive else pool.free_blocks
+        if len(allocs) > free:
             allocs.sort()
-            # nothing frees a block during the stretch: the first allocation past the free
-            # blocks would fail, and its pass preempts
-            k_max = allocs[pool.free_blocks][0]
+            k_max = allocs[free][0]
             if k_max == 0:
                 return None
         ends = decode_ends(n, sum_ctx, k_max)
@@ -515,6 +517,9 @@ class VllmScheduler:
             self._summarise(batch, batch.items, 0, 0)
         else:
             self._summarise(batch, batch.others, n_steps, steps_ctx)
+        if pool.fenced:  # blocks taken from under a copy to G2: the pass waits for it to land
+            assert self.tiers is not None
+            batch.fences.extend(self.tiers.landings(pool.take_fenced()))
         return batch
 
     def _admit(self, batch: Batch, budget: int, now_ms: float) -> None:
@@ -647,11 +652,16 @@ class VllmScheduler:
         pool = self.pool
         if hit:
             pool.acquire(req, hashes[:hit])
-        n_disk = self.tiers.load(req, keys[:n_host], keys[n_host:], self._landing(req, hit, keys))
-        # G1 blocks for what the copy brings; the rest are taken when it is admitted
+        # G1 blocks for what the copy brings (the rest are taken when it is admitted); a block
+        # a store to G2 is still reading delays the copy until that store lands
+        tiers = self.tiers
+        n_disk = tiers.reserve_load(keys[:n_host], keys[n_host:])
         if not pool.allocate(req, n_host + n_disk):  # pragma: no cover - checked by caller
             raise RuntimeError(f"load check passed but allocation failed for {req}")
-        self.tiers.g1_changed()
+        fences = tiers.landings(pool.take_fenced()) if pool.fenced else []
+        keys = keys[: n_host + n_disk]
+        tiers.load(req, keys[:n_host], keys[n_host:], self._landing(req, hit, keys), fences)
+        tiers.g1_changed()
         count_in(loading, keys)
         req.status = Status.LOADING
         self.loading[req.idx] = req
@@ -772,11 +782,12 @@ class VllmScheduler:
         hashes = req.prompt_hashes
         hit, hit_active = pool.match(hashes)
         need = -(-req.input_length // self.block_size) - hit
-        if need > pool.free_blocks - (hit - hit_active):
+        # (a transfer never lands in a block a copy to G2 is still reading)
+        if need > pool.unpinned_free(hashes[:hit]) - (hit - hit_active):
             return None
         if hit:
             pool.acquire(req, hashes[:hit])
-        if not pool.allocate(req, need):  # pragma: no cover - checked above
+        if not pool.allocate(req, need, fence=False):  # pragma: no cover - checked above
             raise RuntimeError(f"reservation check passed but allocation failed for {req}")
         return hit
 

@@ -318,14 +318,14 @@ class Worker:
                         yield from self._until_pass_end(t)
                     self._end_pass(self._finish(batches, t, t), batches)
                     # (the next one is planned once the victims' stores have landed)
-                    yield from self._wait_for_fences(batches)
+                    yield from self._wait_for_fences(batches, busy=False)
                     break
                 if any(b.fences for b in batches):
                     # a victim of this pass is still being copied to G2: it computes once the
                     # copies have landed, and nothing else happens on this worker meanwhile
                     if t > env.now:
                         yield from self._until_pass_end(t)
-                    yield from self._wait_for_fences(batches)
+                    yield from self._wait_for_fences(batches, busy=True)
                     t = env.now
                     horizon = t  # (no chaining past it)
                 for rank in ranks:
@@ -354,11 +354,14 @@ class Worker:
                     break
                 t = end  # chain the next pass
 
-    def _wait_for_fences(self, batches: list[Batch]) -> Generator[simpy.Event, None, None]:
-        """Wait, busy, until every store to G2 that the batches wait for has landed."""
+    def _wait_for_fences(
+        self, batches: list[Batch], busy: bool
+    ) -> Generator[simpy.Event, None, None]:
+        """Wait until every store to G2 that the batches wait for has landed; `busy` while a
+        formed pass waits to compute (commands from outside wait for its end)."""
         fences = [f for b in batches for f in b.fences if not f.processed]
         if fences:
-            self.busy = True
+            self.busy = busy
             yield self.env.all_of(fences)
             self.busy = False
 

@@ -98,6 +98,7 @@ class PoolBase:
         "n_private",
         "pinned",
         "n_pinned_inactive",
+        "fenced",
         "record_events",
         "pending_events",
         "n_evictions",
@@ -118,10 +119,13 @@ class PoolBase:
         self._run_entries = 0  # entries listed by all runs
         self.copies: dict[int, list[Key]] = {}  # hash -> its copies, oldest first (duplicates only)
         self.n_private = 0  # active blocks without a hash (partial, or caching off)
-        # blocks a copy to a lower tier is reading (key -> copies): they keep their place in
-        # the LRU when released, but are not evicted until the copy lands
+        # blocks a copy to a lower tier is reading (key -> copies): released, they keep their
+        # place in the LRU; evicting one *fences* the new owner's compute until that copy has
+        # landed (vLLM reuses the block once the copy is done), and the evicted keys are kept
+        # in `fenced` until the caller takes them
         self.pinned: dict[Key, int] = {}
         self.n_pinned_inactive = 0
+        self.fenced: list[Key] = []
         self.record_events = record_events
         self.pending_events: list[tuple[str, int]] = []
         self.n_evictions = 0
@@ -135,24 +139,37 @@ class PoolBase:
 
     @property
     def free_blocks(self) -> int:
-        """Blocks not held by any request nor pinned (empty or evictable)."""
+        """Blocks not held by any request (empty or evictable, pinned ones included)."""
         raise NotImplementedError
 
-    def _evict(self, n: int) -> None:
+    def _evict(self, n: int, fence: bool) -> None:
         raise NotImplementedError
 
-    def allocate(self, req: Request, n_blocks: int) -> bool:
-        """Grant `req` n fresh private blocks, evicting cached ones; False if they do not fit."""
+    def allocate(self, req: Request, n_blocks: int, fence: bool = True) -> bool:
+        """Grant `req` n fresh private blocks, evicting cached ones in LRU order; False if they
+        do not fit. Evicting a pinned block fences (its key goes to `fenced`); without `fence`
+        pinned blocks are neither counted nor evicted."""
         if n_blocks <= 0:
             return True
-        if n_blocks > self.free_blocks:
+        if n_blocks > self.free_blocks - (0 if fence else self.n_pinned_inactive):
             return False
         empty = self.n_empty
         if n_blocks > empty:
-            self._evict(n_blocks - empty)
+            self._evict(n_blocks - empty, fence)
         self.n_private += n_blocks
         req.held_private_blocks += n_blocks
         return True
+
+    def unpinned_free(self, hit: list[int]) -> int:
+        """The free blocks a request reusing the prefix `hit` can have without waiting for a
+        copy: `free_blocks` less the pinned inactive blocks outside `hit`."""
+        return self.free_blocks
+
+    def take_fenced(self) -> list[Key]:
+        """The pinned blocks evicted since the last call (their copies fence the reuse)."""
+        fenced = self.fenced
+        self.fenced = []
+        return fenced
 
     def _evicted(self, key: Key, events: list[tuple[str, int]] | None) -> None:
         """Bookkeeping after evicting `key`: drop it from its copies; `removed` when it was
@@ -203,14 +220,8 @@ class BlockPool(PoolBase):
 
     @property
     def free_blocks(self) -> int:
-        """Blocks not held by any request nor pinned (empty or evictable)."""
-        return (
-            self.capacity_blocks
-            - len(self.blocks)
-            + self.n_inactive
-            - self.n_private
-            - self.n_pinned_inactive
-        )
+        """Blocks not held by any request (empty or evictable, pinned ones included)."""
+        return self.capacity_blocks - len(self.blocks) + self.n_inactive - self.n_private
 
     @property
     def refcount(self) -> dict[Key, int]:
@@ -242,12 +253,11 @@ class BlockPool(PoolBase):
         return keys[0] if keys else None
 
     def match(self, hashes: list[int]) -> tuple[int, int]:
-        """Leading blocks of `hashes` resident (active or inactive), and how many of them take
-        no free block to reuse (active, or pinned by a copy)."""
+        """Leading blocks of `hashes` resident (active or inactive), and how many of them are
+        active (take no free block to reuse)."""
         if not self.enable_caching:
             return 0, 0
         blocks = self.blocks
-        pinned = self.pinned
         n = n_active = 0
         for h in hashes:
             c = blocks.get(h)
@@ -255,12 +265,27 @@ class BlockPool(PoolBase):
                 key = self._oldest(h)
                 if key is None:
                     break
-                if blocks[key] > 0 or key in pinned:
+                if blocks[key] > 0:
                     n_active += 1
-            elif c > 0 or (pinned and h in pinned):
+            elif c > 0:
                 n_active += 1
             n += 1
         return n, n_active
+
+    def unpinned_free(self, hit: list[int]) -> int:
+        """The free blocks a request reusing the prefix `hit` can have without waiting for a
+        copy: `free_blocks` less the pinned inactive blocks outside `hit`."""
+        free = self.free_blocks
+        if not self.n_pinned_inactive:
+            return free
+        blocks = self.blocks
+        pinned = self.pinned
+        reused = 0
+        for h in hit:
+            key = self._oldest(h)
+            if key in pinned and blocks[key] < 0:
+                reused += 1
+        return free - self.n_pinned_inactive + reused
 
     def acquire(self, req: Request, hashes: list[int]) -> None:
         """Grant `req` the resident blocks `hashes` (a prefix hit): share or reactivate them."""
@@ -291,8 +316,9 @@ class BlockPool(PoolBase):
 
     # ------------------------------------------------------------------ allocation
 
-    def _evict(self, n: int) -> None:
-        """Evict the n least recently released blocks that are not pinned (there are n)."""
+    def _evict(self, n: int, fence: bool) -> None:
+        """Evict the n least recently released blocks (there are n), pinned ones too when
+        `fence` (they go to `fenced`), else skipping them."""
         blocks = self.blocks
         runs = self.runs
         events = self.pending_events if self.record_events else None
@@ -325,9 +351,12 @@ class BlockPool(PoolBase):
                     if blocks.get(key) != tag:
                         continue  # came back to life since this run
                     if pinned is not None and key in pinned:
-                        if held_from < 0:
-                            held_from = pos - 1  # evicted later, from here
-                        continue
+                        if not fence:
+                            if held_from < 0:
+                                held_from = pos - 1  # evicted later, from here
+                            continue
+                        self.n_pinned_inactive -= 1
+                        self.fenced.append(key)
                     del blocks[key]
                     left -= 1
                     if victims is not None:

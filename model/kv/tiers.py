@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import simpy
 
@@ -199,6 +199,8 @@ class RankTiers:
         self.g3_to_g2 = g3_to_g2
         self.worker: Worker | None = None
         self.rank: Rank | None = None
+        # G1 blocks a store to G2 is reading -> the landing of the latest such store
+        self.store_of: dict[Any, simpy.Event] = {}
 
     def blocks_arrived(self) -> None:
         """Blocks landed in G2: a request deferred until they did may be admitted now."""
@@ -231,6 +233,7 @@ class RankTiers:
         pool = self.rank.pool
         pool.pin(g1_keys)
         worker = self.worker
+        store_of = self.store_of
         done = self.d2h.submit(
             req.request_id,
             len(admitted) * self.block_bytes,
@@ -242,6 +245,9 @@ class RankTiers:
         def landed(_: simpy.Event) -> None:
             if req.host_store is done:
                 req.host_store = None
+            for k in g1_keys:
+                if store_of.get(k) is done:
+                    del store_of[k]
 
             def apply() -> None:
                 self.g2.land(admitted)
@@ -253,6 +259,13 @@ class RankTiers:
 
         done.callbacks.append(landed)
         req.host_store = done
+        for k in g1_keys:
+            store_of[k] = done
+
+    def landings(self, keys: list[Any]) -> list[simpy.Event]:
+        """The landings of the stores reading the G1 blocks `keys` (those still in flight)."""
+        store_of = self.store_of
+        return list({id(e): e for e in (store_of.get(k) for k in keys) if e is not None}.values())
 
     def _write_behind(self, request_id: str, keys: list[int]) -> None:
         g3 = self.g3
@@ -302,25 +315,30 @@ class RankTiers:
                 n_disk += 1
         return n_host, n_disk, on_the_way
 
+    def reserve_load(self, host_keys: list[int], disk_keys: list[int]) -> int:
+        """Hold what a load of `host_keys` (in G2) and `disk_keys` (in G3) reads: the G2 blocks,
+        and room in G2 to stage the G3 ones; returns how many G3 blocks G2 could take (the
+        first ones; the others are recomputed)."""
+        self.g2.pin(host_keys)
+        staged = self.g2.reserve(disk_keys) if disk_keys else []
+        if staged:
+            assert self.g3 is not None
+            self.g3.pin(staged)
+        return len(staged)
+
     def load(
         self,
         req: Request,
         host_keys: list[int],
         disk_keys: list[int],
         landed: Callable[[int, int], None],
-    ) -> int:
-        """Start bringing `host_keys` (in G2) and `disk_keys` (in G3) to G1 for `req`; returns
-        how many G3 blocks G2 could take (the others are recomputed). `landed(n_host, n_disk)`
-        runs on the rank's worker when the blocks are in G1."""
-        g2 = self.g2
-        g2.pin(host_keys)
-        # G2 takes what it has room for, in order (the rest of the G3 hits are recomputed)
-        disk_keys = g2.reserve(disk_keys) if disk_keys else []
-        if disk_keys:
-            assert self.g3 is not None
-            self.g3.pin(disk_keys)
-        self.env.process(self._load(req, host_keys, disk_keys, landed))
-        return len(disk_keys)
+        fences: list[simpy.Event],
+    ) -> None:
+        """Bring `host_keys` (in G2) and `disk_keys` (in G3, staged through G2) to G1 for `req`,
+        as reserved by `reserve_load`, once the `fences` (stores still reading the G1 blocks
+        taken for them) have landed. `landed(n_host, n_disk)` runs on the rank's worker when
+        the blocks are in G1."""
+        self.env.process(self._load(req, host_keys, disk_keys, landed, fences))
 
     def g1_changed(self) -> None:
         """The rank's G1 pool changed outside a pass (blocks taken for a load): record it."""
@@ -333,6 +351,7 @@ class RankTiers:
         host_keys: list[int],
         disk_keys: list[int],
         landed: Callable[[int, int], None],
+        fences: list[simpy.Event],
     ):  # type: ignore[no-untyped-def]
         assert self.worker is not None
         worker = self.worker
@@ -348,6 +367,9 @@ class RankTiers:
             self.g3.unpin(disk_keys)
             self.g3.touch(disk_keys)
         keys = host_keys + disk_keys
+        fences = [f for f in fences if not f.processed]
+        if fences:
+            yield self.env.all_of(fences)
         yield self.h2d.submit(
             req.request_id, len(keys) * self.block_bytes, len(keys) * bs, "h2d", worker.order
         )

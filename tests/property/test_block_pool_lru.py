@@ -5,7 +5,9 @@ dict operations (see its module docstring). This pins it to the rules stated dir
 block, in `Reference` (an OrderedDict in release order): random sequences of admissions (match,
 acquire, allocate), prefills (register), releases, pins and unpins of tier copies, on prompts
 that share prefixes and content computed twice, must give the same match results, levels, LRU
-order, evictions, KV events and per-request holdings after every step.
+order, evictions, KV events and per-request holdings after every step; pinned blocks are
+evicted in LRU order like the others, reported as fenced, or (`fence=False`, a P/D reservation)
+skipped.
 """
 
 from __future__ import annotations
@@ -39,12 +41,19 @@ class Reference:
         self.events: list[tuple[str, int]] = []
         self.n_evictions = 0
         self.serial = 0
+        self.fenced: list[Any] = []
 
     def n_pinned_inactive(self) -> int:
         return sum(1 for k in self.inactive if k in self.pinned)
 
     def free_blocks(self) -> int:
-        return self.capacity - len(self.refcount) - self.n_private - self.n_pinned_inactive()
+        return self.capacity - len(self.refcount) - self.n_private
+
+    def unpinned_free(self, hit: list[int]) -> int:
+        reused = {self.oldest(h) for h in hit}
+        return self.free_blocks() - sum(
+            1 for k in self.inactive if k in self.pinned and k not in reused
+        )
 
     def oldest(self, h: int) -> Any:
         if h in self.refcount or h in self.inactive:
@@ -59,7 +68,7 @@ class Reference:
             if key is None:
                 break
             n += 1
-            n_active += key in self.refcount or key in self.pinned
+            n_active += key in self.refcount
         return n, n_active
 
     def acquire(self, req: Request, hashes: list[int]) -> None:
@@ -70,14 +79,16 @@ class Reference:
             self.refcount[key] = self.refcount.get(key, 0) + 1
             req.held_hashes.append(key)
 
-    def allocate(self, req: Request, n: int) -> bool:
+    def allocate(self, req: Request, n: int, fence: bool = True) -> bool:
         if n <= 0:
             return True
-        if n > self.free_blocks():
+        if n > self.free_blocks() - (0 if fence else self.n_pinned_inactive()):
             return False
         empty = self.capacity - len(self.refcount) - self.n_private - len(self.inactive)
-        victims = [k for k in self.inactive if k not in self.pinned][: max(0, n - empty)]
+        victims = [k for k in self.inactive if fence or k not in self.pinned][: max(0, n - empty)]
         for key in victims:
+            if key in self.pinned:
+                self.fenced.append(key)
             del self.inactive[key]
             self.n_evictions += 1
             h = key[0] if isinstance(key, tuple) else key
@@ -147,6 +158,7 @@ SLOTS = st.integers(0, 7)
 op = st.one_of(
     st.tuples(st.just("admit"), SLOTS, st.integers(0, len(PROMPTS) - 1)),
     st.tuples(st.just("admit"), SLOTS, st.integers(0, len(PROMPTS) - 1)),
+    st.tuples(st.just("reserve"), SLOTS, st.integers(0, len(PROMPTS) - 1)),
     st.tuples(st.just("compute"), SLOTS, st.integers(1, 9)),
     st.tuples(st.just("compute"), SLOTS, st.integers(1, 9)),
     st.tuples(st.just("release"), SLOTS, st.just(0)),
@@ -179,17 +191,21 @@ def follow_reference(
     slots: dict[int, list[Any]] = {}
     pins: dict[int, list[Any]] = {}  # pin slot -> keys pinned (same keys on both sides)
     for kind, slot, arg in ops:
-        if kind == "admit" and slot not in slots:
+        if kind in ("admit", "reserve") and slot not in slots:
+            # an admission may evict pinned blocks (fenced); a reservation may not
+            fence = kind == "admit"
             prompt = prompts[arg]
             a, b = Request(slot, f"a{slot}", 1, 1, prompt), Request(slot, f"b{slot}", 1, 1, prompt)
             hit = pool.match(prompt)
             assert hit == ref.match(prompt)
-            if pool.free_blocks < len(prompt) - hit[1]:
+            free = pool.free_blocks if fence else pool.unpinned_free(prompt[: hit[0]])
+            assert free == (ref.free_blocks() if fence else ref.unpinned_free(prompt[: hit[0]]))
+            if free < len(prompt) - hit[1]:
                 continue  # the scheduler's admission check
             pool.acquire(a, prompt[: hit[0]])
             ref.acquire(b, prompt[: hit[0]])
             need = len(prompt) - hit[0]
-            assert pool.allocate(a, need) == ref.allocate(b, need) is True
+            assert pool.allocate(a, need, fence) == ref.allocate(b, need, fence) is True
             slots[slot] = [a, b, prompt, hit[0]]
         elif kind == "compute" and slot in slots:
             a, b, prompt, done = slots[slot]
@@ -224,6 +240,8 @@ def follow_reference(
         assert pool.n_evictions == ref.n_evictions
         assert pool.take_events() == ref.events
         ref.events = []
+        assert pool.take_fenced() == ref.fenced
+        ref.fenced = []
         for a, b, _, _ in slots.values():
             assert a.held_hashes == b.held_hashes
             assert a.held_private_blocks == b.held_private_blocks
@@ -237,7 +255,8 @@ def random_ops(
     ops = []
     for _ in range(n):
         kind = str(rng.choice(kinds))
-        arg = int(rng.integers(0, n_prompts)) if kind == "admit" else int(rng.integers(1, max_arg))
+        admit = kind in ("admit", "reserve")
+        arg = int(rng.integers(0, n_prompts)) if admit else int(rng.integers(1, max_arg))
         ops.append((kind, int(rng.integers(0, 8)), arg))
     return ops
 
@@ -255,7 +274,7 @@ def test_pool_follows_the_per_block_lru(capacity, record_events, slack, ops):
         follow_reference(pool, Reference(capacity, record_events), PROMPTS, ops)
 
 
-KINDS = ("admit", "admit", "compute", "compute", "release", "release", "pin", "unpin")
+KINDS = ("admit", "admit", "reserve", "compute", "compute", "release", "release", "pin", "unpin")
 
 
 @pytest.mark.parametrize("seed", range(12))
