@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,7 +28,17 @@ def _path(loc: tuple[Any, ...]) -> str:
     return ".".join(parts)
 
 
-def format_validation_error(err: ValidationError) -> str:
+def _known_keys(data: Mapping[str, Any] | None, path: str) -> list[str]:
+    """The keys beside the last one of the dotted `path` in the validated `data` (the
+    composed config holds every key the schema knows there), for a did-you-mean."""
+    node: Any = data
+    for part in path.split(".")[:-1]:
+        node = node.get(part) if isinstance(node, Mapping) else None
+    leaf = path.rpartition(".")[2]
+    return [str(k) for k in node if k != leaf] if isinstance(node, Mapping) else []
+
+
+def format_validation_error(err: ValidationError, data: Mapping[str, Any] | None = None) -> str:
     lines = []
     for e in err.errors():
         loc = tuple(e["loc"])
@@ -35,6 +46,10 @@ def format_validation_error(err: ValidationError) -> str:
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
             msg = "unknown field (not in the schema)"
+            stem, _, leaf = path.rpartition(".")
+            close = difflib.get_close_matches(leaf, _known_keys(data, path), n=1, cutoff=0.6)
+            if close:
+                msg = f"unknown key (did you mean {stem + '.' if stem else ''}{close[0]}?)"
         elif "input" in e and e["type"] not in ("missing",):
             got = e["input"]
             if not isinstance(got, Mapping):
@@ -50,4 +65,4 @@ def validate_config(data: Mapping[str, Any]) -> RunConfig:
     try:
         return RunConfig.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(format_validation_error(err)) from None
+        raise ConfigError(format_validation_error(err, data)) from None
