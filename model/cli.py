@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import os
+import re
 import signal
 import sys
 import time
@@ -48,7 +49,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from model import native, rundir
-from model.config.load import ConfigError, validate_config
+from model.config.load import ConfigError, schema_knows, validate_config
 from model.sim import Result, simulate
 from model.workload.errors import TraceError
 
@@ -274,6 +275,21 @@ def _job_order(job: Path) -> tuple[int, str]:
     return (int(job.name), "") if job.name.isdigit() else (sys.maxsize, str(job))
 
 
+def _schema_knows(node: Any, full_key: str) -> bool:
+    """Whether the schema has `full_key`, given the composed config that `node` is part of."""
+    root = node
+    while getattr(root, "_get_parent", None) is not None and root._get_parent() is not None:
+        root = root._get_parent()
+    try:
+        data = OmegaConf.to_container(root, resolve=False)
+    except OmegaConfBaseException:
+        return False
+    if not isinstance(data, dict):
+        return False
+    data.pop("hydra", None)
+    return schema_knows({str(k): v for k, v in data.items()}, full_key)
+
+
 def _suggest(word: str, options: Sequence[str], prefix: str = "") -> str:
     close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
     return f" (did you mean {prefix}{close[0]}?)" if close else ""
@@ -299,6 +315,12 @@ def composition_message(e: HydraException) -> str:
         siblings = [str(k) for k in parent if k != "hydra"] if parent is not None else []
         key = str(getattr(cause, "key", full_key.rpartition(".")[2]))
         stem = full_key[: len(full_key) - len(key)]
+        if _schema_knows(parent, full_key):  # a key the chosen option files leave out
+            plus = re.search(r"use (\+\S+)", str(e))
+            return (
+                f"{full_key} is a config key the chosen option files do not set: add it "
+                f"with {plus.group(1) if plus else '+' + full_key + '=VALUE'}"
+            )
         return f"unknown key {full_key}" + _suggest(key, siblings, stem)
     if isinstance(e, OverrideParseException):
         return f"cannot parse the override {e.override}: {e.message}"

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from model.config.errors import ConfigError
 from model.config.schema import RunConfig
 
-__all__ = ["ConfigError", "validate_config"]
+__all__ = ["ConfigError", "schema_knows", "validate_config"]
 
 
 # Fields holding a union chosen by `kind`: pydantic puts the chosen member's tag in the error
@@ -58,6 +58,26 @@ def format_validation_error(err: ValidationError, data: Mapping[str, Any] | None
             msg = msg[len("Value error, ") :]
         lines.append(f"  {path}: {msg}" if path else f"  {msg}")
     return "invalid config:\n" + "\n".join(lines)
+
+
+def schema_knows(data: Mapping[str, Any], path: str) -> bool:
+    """Whether the schema has a field at the dotted `path` of the config `data` (a union
+    member chosen by the `kind` given there), whether or not `data` sets it."""
+    probe: dict[str, Any] = dict(data)
+    node = probe
+    parts = path.split(".")
+    for part in parts[:-1]:
+        child = node.get(part)
+        node[part] = dict(child) if isinstance(child, Mapping) else {}
+        node = node[part]
+    node[parts[-1]] = None
+    try:
+        RunConfig.model_validate(probe)
+    except ValidationError as err:
+        return not any(
+            e["type"] == "extra_forbidden" and _path(tuple(e["loc"])) == path for e in err.errors()
+        )
+    return True
 
 
 def validate_config(data: Mapping[str, Any]) -> RunConfig:
