@@ -49,7 +49,8 @@ def format_validation_error(err: ValidationError, data: Mapping[str, Any] | None
             stem, _, leaf = path.rpartition(".")
             close = difflib.get_close_matches(leaf, _known_keys(data, path), n=1, cutoff=0.6)
             if close:
-                msg = f"unknown key (did you mean {stem + '.' if stem else ''}{close[0]}?)"
+                near = f"{stem}.{close[0]}" if stem else close[0]
+                msg = f"unknown field (not in the schema; did you mean {near}?)"
         elif "input" in e and e["type"] not in ("missing",):
             got = e["input"]
             if not isinstance(got, Mapping):

@@ -133,7 +133,8 @@ def test_a_rerun_leaves_none_of_the_previous_runs_files(tmp_path, trace):
         ("timng=fixed", "unknown key timng (did you mean timing?)"),
         (
             "+engine.max_num_seq=3",
-            "engine.max_num_seq: unknown key (did you mean engine.max_num_seqs?)",
+            "engine.max_num_seq: unknown field (not in the schema; did you mean "
+            "engine.max_num_seqs?)",
         ),
         ("timing=polynomal", "unknown option timing=polynomal (did you mean timing=polynomial?)"),
         # a schema key the option file leaves out: Hydra's advice to add `+` is right here
