@@ -3,8 +3,16 @@
     python experiments/collect.py multirun/2026-12-02/18-00-00 [--out sweep.csv]
         [--metrics mean_ttft_ms,p90_ttft_ms,...] [--plot p90_ttft_ms --x topology.num_workers]
 
-Each job directory holds `summary.json` (written by servesim) and `.hydra/overrides.yaml` (the
-overrides Hydra applied); the table has one row per job: its overrides, then the chosen metrics.
+Each job directory holds `.hydra/overrides.yaml` (the overrides Hydra applied) and what
+servesim wrote (docs/running.md): `summary.json` once the run finished, `error.json` if it
+failed or was interrupted. The table has one row per job: its status (`completed`, `failed`:
+its error.json says so, `incomplete`: no summary.json), its overrides, the chosen metrics
+(empty unless the job has a summary) and, for a job that did not complete, its exit status and
+error. Jobs that did not complete are also listed on stderr.
+
+A metric is a summary key or a dotted path into the summary (`metadata.num_gpu_blocks`); the
+host-time keys kept under `metadata.wall` (`wall_time_ms`, `processed_tokens_per_s`, ...) are
+found by their own name too.
 
 The sweep scripts (pd_sweep.py, host_pool_sweep.py) also take from here how to call servesim,
 how to run one multirun with its log, and a markdown table.
@@ -21,9 +29,12 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import yaml
+
+from model import rundir
 
 DEFAULT_METRICS = (
     "completed_requests",
@@ -115,21 +126,65 @@ def _overrides(job: Path) -> dict[str, str]:
     return out
 
 
+def metric(summary: dict[str, Any], name: str) -> Any:
+    """A summary value by key, by dotted path, or (the host-time keys) under metadata.wall."""
+    if name in summary:
+        return summary[name]
+    node: Any = summary
+    for part in name.split("."):
+        if not isinstance(node, dict) or part not in node:
+            node = None
+            break
+        node = node[part]
+    if node is not None:
+        return node
+    return summary.get("metadata", {}).get("wall", {}).get(name)
+
+
+def job_dirs(sweep_dir: Path) -> list[Path]:
+    """The job directories of a multirun: those Hydra wrote overrides to, or servesim a
+    summary or error to."""
+    marks = ("summary.json", "error.json", ".hydra/overrides.yaml")
+    return sorted(
+        {d for d in sweep_dir.iterdir() if d.is_dir() and any((d / m).is_file() for m in marks)}
+    )
+
+
 def collect(sweep_dir: str | Path, metrics: tuple[str, ...] = DEFAULT_METRICS) -> pd.DataFrame:
-    """One row per job of the sweep: its overrides and the chosen summary metrics."""
+    """One row per job of the sweep: its status, its overrides and the chosen summary metrics
+    (with `exit_status` and `error` when some job did not complete)."""
+    sweep = Path(sweep_dir)
     rows = []
-    for summary_path in sorted(Path(sweep_dir).glob("*/summary.json")):
-        job = summary_path.parent
-        summary = json.loads(summary_path.read_text())
-        row: dict[str, object] = {"job": job.name, **_overrides(job)}
+    for job in job_dirs(sweep) if sweep.is_dir() else []:
+        status, exit_status, message = rundir.run_status(job)
+        summary: dict[str, Any] = {}
+        if status != rundir.INCOMPLETE_RUN and (job / rundir.SUMMARY).is_file():
+            summary = json.loads((job / rundir.SUMMARY).read_text())
+        row: dict[str, object] = {"job": job.name, "status": status, **_overrides(job)}
         for m in metrics:
-            row[m] = summary.get(m)
+            row[m] = metric(summary, m)
+        if status != rundir.COMPLETED:
+            row["exit_status"] = exit_status
+            row["error"] = " ".join(message.split()) or "no summary.json, no error.json"
         rows.append(row)
     if not rows:
-        raise FileNotFoundError(f"no */summary.json under {sweep_dir}: is it a multirun dir?")
+        raise FileNotFoundError(f"no job directories under {sweep_dir}: is it a multirun dir?")
     df = pd.DataFrame(rows)
+    if "exit_status" in df:
+        df["exit_status"] = df["exit_status"].astype("Int64")
     numeric_job = pd.to_numeric(df["job"], errors="coerce")
     return df.iloc[numeric_job.argsort(kind="stable")].reset_index(drop=True)
+
+
+def not_completed(df: pd.DataFrame) -> list[str]:
+    """One line per job of a collected table that did not complete."""
+    bad = df[df["status"] != rundir.COMPLETED]
+    return [
+        f"job {r.job}: {r.status}"
+        + (f" (exit status {int(r.exit_status)})" if pd.notna(r.exit_status) else "")
+        + f": {r.error}"
+        for r in bad.itertuples(index=False)
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,6 +202,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"collect: {e}", file=sys.stderr)
         return 2
     print(df.to_markdown(index=False) if _has_tabulate() else df.to_string(index=False))
+    bad = not_completed(df)
+    if bad:
+        print(f"collect: {len(bad)} of {len(df)} jobs did not complete:", file=sys.stderr)
+        for line in bad:
+            print(f"  {line}", file=sys.stderr)
     if args.out:
         df.to_csv(args.out, index=False)
     if args.plot:

@@ -9,10 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
-import json
-import math
 import platform
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -24,6 +21,7 @@ import numpy as np
 import pandas as pd
 import simpy
 
+from model import progress, rundir
 from model.agentic import report as agentic_report
 from model.agentic.lanes import AgenticReplay
 from model.agentic.qualification import agentic_violation
@@ -41,7 +39,7 @@ from model.config.schema import (
     TraceLoad,
 )
 from model.metrics.recorder import INCOMPLETE, Recorder
-from model.metrics.summary import routing_summary, summarize, tier_summary
+from model.metrics.summary import routing_summary, summarize, tier_summary, wall_summary
 from model.metrics.tables import (
     kv_events_table,
     kv_table,
@@ -52,6 +50,7 @@ from model.metrics.tables import (
     transfers_table,
 )
 from model.parallel import Part, part_of, plan_processes, rank_stats, rows_of, run_parts
+from model.rundir import write_requests_jsonl
 from model.workload.agentic import AgenticGraph
 from model.workload.build import (
     StreamedWorkload,
@@ -112,10 +111,12 @@ class Result:
     plays: pd.DataFrame = field(default_factory=pd.DataFrame)  # agentic replay: per play
 
     def write(self, out_dir: str | Path) -> Path:
-        """Write summary.json and the tables (Parquet, or CSV if configured) to `out_dir`."""
+        """Write the tables (Parquet, or CSV if configured), then summary.json, to `out_dir`,
+        after removing what an earlier run left there (model/rundir.py: each file is renamed
+        into place once whole; the summary comes last, so its presence means a whole run)."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "summary.json").write_text(json.dumps(self.summary, indent=2, default=str) + "\n")
+        rundir.clear(out)
         output = self.config.output
         if output.tables:
             tables = {"requests": self.requests, "passes": self.passes, "kv": self.kv}
@@ -128,89 +129,22 @@ class Result:
             if len(self.plays):
                 tables["plays"] = self.plays
             for name, df in tables.items():
-                if output.format == "csv":
-                    df.to_csv(out / f"{name}.csv", index=False)
-                else:
-                    df.to_parquet(out / f"{name}.parquet", index=False)
+                rundir.write_table(df, out / f"{name}.{output.format}")
         if output.per_request_jsonl:
             engines = role_engines(self.config)
             write_requests_jsonl(
                 self.requests,
-                out / "requests.jsonl",
+                out / rundir.REQUESTS_JSONL,
                 prefill_dp=engines["prefill"].dp_size if "prefill" in engines else 1,
                 decode_dp=engines.get("decode", engines.get("aggregated")).dp_size,  # type: ignore[union-attr]
             )
+        rundir.write_json(out / rundir.SUMMARY, self.summary)
         return out
 
 
 # installed after the dataclass is made, so that `passes` stays a plain required field of the
 # generated __init__ (which then stores through the descriptor)
 setattr(Result, "passes", BuiltOnFirstRead("passes"))  # noqa: B010
-
-
-def write_requests_jsonl(
-    requests: pd.DataFrame, path: Path, prefill_dp: int = 1, decode_dp: int = 1
-) -> None:
-    """One JSON object per ended request, with the mocker's per-request field names (worker
-    indices are the mocker's scheduler ids: worker x dp_size + rank)."""
-    ended = requests[requests["terminal_status"] != INCOMPLETE]
-    ended = ended.sort_values(["arrival_ms", "request_id"], kind="stable")
-    with path.open("w") as fh:
-        for row in ended.itertuples(index=False):
-            r = row._asdict()
-            prefill = r["prefill_worker_idx"]
-            decode = r["decode_worker_idx"]
-            rec = {
-                "request_id": r["request_id"],
-                "session_id": r["session_id"],
-                "turn_index": r["turn_index"],
-                "arrival_time_ms": r["arrival_ms"],
-                "first_admit_ms": r["first_admit_ms"],
-                "terminal_time_ms": r["terminal_ms"],
-                "first_token_ms": r["first_token_ms"],
-                "last_token_ms": r["last_token_ms"],
-                "ttft_ms": r["ttft_ms"],
-                "ttst_ms": r["ttst_ms"],
-                "e2e_latency_ms": r["e2e_latency_ms"],
-                "itl_ms": r["itl_ms"],
-                "input_length": r["input_length"],
-                "requested_output_length": r["requested_output_length"],
-                "output_length": r["output_length"],
-                "reused_input_tokens": r["reused_input_tokens"],
-                "prefill_worker_idx": None
-                if prefill is pd.NA or prefill is None
-                else int(prefill) * prefill_dp + int(r["prefill_dp_rank"]),
-                "decode_worker_idx": None
-                if decode is pd.NA or decode is None
-                else int(decode) * decode_dp + int(r["dp_rank"]),
-                "prefill_admit_ms": r["prefill_admit_ms"],
-                "source_held_ms": r["source_held_ms"],
-                "destination_reserved_ms": r["destination_reserved_ms"],
-                "destination_activated_ms": r["destination_activated_ms"],
-                "decode_admit_ms": r["decode_admit_ms"],
-                "source_released_ms": r["source_released_ms"],
-                # null unless a P/D request reached a decode worker (as the mocker writes it)
-                "decode_reused_input_tokens": r["decode_reused_input_tokens"]
-                if prefill is not pd.NA
-                and prefill is not None
-                and decode is not pd.NA
-                and decode is not None
-                else None,
-                "terminal_status": r["terminal_status"],
-            }
-            fh.write(json.dumps({k: _jsonable(v) for k, v in rec.items()}) + "\n")
-
-
-def _jsonable(v: Any) -> Any:
-    if v is None or v is pd.NA:
-        return None
-    if isinstance(v, float) and math.isnan(v):
-        return None
-    if isinstance(v, np.integer):
-        return int(v)
-    if isinstance(v, np.floating):
-        return float(v)
-    return v
 
 
 @functools.cache
@@ -297,41 +231,20 @@ def _run_loop(
     show_progress: bool,
 ) -> None:
     until = cfg.stop.max_virtual_time_ms
-    show = show_progress and (
-        cfg.output.progress == "on" or (cfg.output.progress == "auto" and sys.stderr.isatty())
-    )
     if finished is not None:
         env.run(until=finished)
         return
-    if not show:
-        if until is None:
-            env.run()
-        else:
-            env.run(until=until)
-            while env.peek() == until:  # the cut-off is soft: events at exactly it still happen
-                env.step()
-        return
-    from tqdm import tqdm
-
-    step_ms = 1000.0
-    with tqdm(total=total, unit="req", desc="servesim", leave=False) as bar:
-        ended = 0
-        while env.peek() != math.inf:
-            target = env.now + step_ms
-            if until is not None and target >= until:
-                env.run(until=until)
-                while env.peek() == until:
-                    env.step()
-                break
-            env.run(until=target)
-            # SimPy (4.1) leaves the stopping event queued at `target` (without callbacks):
-            # step through this instant, or the queue never looks empty
-            while env.peek() == env.now:
-                env.step()
-            now_ended = cluster.n_dispatched - cluster.n_in_flight
-            bar.update(now_ended - ended)
-            ended = now_ended
-            bar.set_postfix_str(f"t={env.now / 1000:.0f}s")
+    if show_progress and progress.wanted(cfg.output.progress):
+        span_ms = progress.trace_span_ms(cfg) if total is None else None
+        progress.run_with_bar(
+            env, until, total, span_ms, lambda: cluster.n_dispatched - cluster.n_in_flight
+        )
+    elif until is None:
+        env.run()
+    else:
+        env.run(until=until)
+        while env.peek() == until:  # the cut-off is soft: events at exactly it still happen
+            env.step()
 
 
 def simulate(cfg: RunConfig) -> Result:
@@ -545,7 +458,6 @@ def _collect(
         recorder.itl_gaps_ms,
         **pool_sizes(cfg),
         slo=cfg.slo,
-        wall_time_ms=wall_ms,
     )
     ranks = part.ranks
     summary["committed_prefill_tokens"] = sum(r.committed_prefill_tokens for r in ranks)
@@ -571,6 +483,9 @@ def _collect(
     if replay is not None:
         summary.update(agentic_report.trajectory_summary(plays))
     summary["metadata"] = {
+        # host time and simulator speed: the only keys that differ between two runs of one
+        # config and seed
+        "wall": wall_summary(summary, wall_ms),
         "seed": cfg.seed,
         "llm": cfg.llm.name,
         "hardware": cfg.hardware.name,

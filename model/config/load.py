@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from typing import Any
 
@@ -10,7 +11,7 @@ from pydantic import ValidationError
 from model.config.errors import ConfigError
 from model.config.schema import RunConfig
 
-__all__ = ["ConfigError", "validate_config"]
+__all__ = ["ConfigError", "schema_knows", "validate_config"]
 
 
 # Fields holding a union chosen by `kind`: pydantic puts the chosen member's tag in the error
@@ -27,7 +28,17 @@ def _path(loc: tuple[Any, ...]) -> str:
     return ".".join(parts)
 
 
-def format_validation_error(err: ValidationError) -> str:
+def _known_keys(data: Mapping[str, Any] | None, path: str) -> list[str]:
+    """The keys beside the last one of the dotted `path` in the validated `data` (the
+    composed config holds every key the schema knows there), for a did-you-mean."""
+    node: Any = data
+    for part in path.split(".")[:-1]:
+        node = node.get(part) if isinstance(node, Mapping) else None
+    leaf = path.rpartition(".")[2]
+    return [str(k) for k in node if k != leaf] if isinstance(node, Mapping) else []
+
+
+def format_validation_error(err: ValidationError, data: Mapping[str, Any] | None = None) -> str:
     lines = []
     for e in err.errors():
         loc = tuple(e["loc"])
@@ -35,6 +46,11 @@ def format_validation_error(err: ValidationError) -> str:
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
             msg = "unknown field (not in the schema)"
+            stem, _, leaf = path.rpartition(".")
+            close = difflib.get_close_matches(leaf, _known_keys(data, path), n=1, cutoff=0.6)
+            if close:
+                near = f"{stem}.{close[0]}" if stem else close[0]
+                msg = f"unknown field (not in the schema; did you mean {near}?)"
         elif "input" in e and e["type"] not in ("missing",):
             got = e["input"]
             if not isinstance(got, Mapping):
@@ -45,9 +61,29 @@ def format_validation_error(err: ValidationError) -> str:
     return "invalid config:\n" + "\n".join(lines)
 
 
+def schema_knows(data: Mapping[str, Any], path: str) -> bool:
+    """Whether the schema has a field at the dotted `path` of the config `data` (a union
+    member chosen by the `kind` given there), whether or not `data` sets it."""
+    probe: dict[str, Any] = dict(data)
+    node = probe
+    parts = path.split(".")
+    for part in parts[:-1]:
+        child = node.get(part)
+        node[part] = dict(child) if isinstance(child, Mapping) else {}
+        node = node[part]
+    node[parts[-1]] = None
+    try:
+        RunConfig.model_validate(probe)
+    except ValidationError as err:
+        return not any(
+            e["type"] == "extra_forbidden" and _path(tuple(e["loc"])) == path for e in err.errors()
+        )
+    return True
+
+
 def validate_config(data: Mapping[str, Any]) -> RunConfig:
     """Validate once; raise ConfigError naming each offending config path."""
     try:
         return RunConfig.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(format_validation_error(err)) from None
+        raise ConfigError(format_validation_error(err, data)) from None

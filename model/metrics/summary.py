@@ -8,6 +8,8 @@
 * duration_ms = the latest completion time; throughputs divide completed work by it.
 * prefix_cache_reused_ratio = sum of reused input tokens / sum of input tokens (completed
   requests; per request the largest reuse over its admissions).
+* The host-dependent keys (wall time, tokens per wall second) are kept apart, under
+  `metadata.wall` (`wall_summary`): the rest is the same for the same config and seed.
 """
 
 from __future__ import annotations
@@ -144,7 +146,6 @@ def summarize(
     *,
     decode_workers: int,
     decode_gpus_per_worker: int,
-    wall_time_ms: float,
     prefill_workers: int = 0,
     prefill_gpus_per_worker: int = 0,
     slo: SloConfig | None = None,
@@ -167,7 +168,6 @@ def summarize(
     host_reused = int(done["host_reused_input_tokens"].sum())
     disk_reused = int(done["disk_reused_input_tokens"].sum())
     first_reused = int(done["first_admission_reused_input_tokens"].sum())
-    wall_s = max(wall_time_ms / 1000.0, 1e-9)
     prefill_seconds = prefill_workers * duration_s
     decode_seconds = decode_workers * duration_s
     counts = arrived["terminal_status"].value_counts()
@@ -188,7 +188,6 @@ def summarize(
         "total_input_tokens": total_in,
         "total_output_tokens": total_out,
         "duration_ms": duration_ms,
-        "wall_time_ms": wall_time_ms,
         "request_throughput_rps": len(done) / duration_s,
         "input_throughput_tok_s": total_in / duration_s,
         "output_throughput_tok_s": total_out / duration_s,
@@ -202,8 +201,6 @@ def summarize(
         )
         / 3600.0,
         "processed_tokens": total_in + total_out,
-        "processed_tokens_per_s": (total_in + total_out) / wall_s,
-        "processed_output_tokens_per_s": total_out / wall_s,
         "prefix_cache_reused_ratio": reused / total_in if total_in else 0.0,
         "first_admission_prefix_cache_reused_ratio": first_reused / total_in if total_in else 0.0,
         "g1_reused_input_tokens": g1_reused,
@@ -239,6 +236,27 @@ def summarize(
             int(done["output_length"][good].sum()) / duration_s
         )
     return summary
+
+
+def wall_summary(summary: dict[str, Any], wall_time_ms: float) -> dict[str, float]:
+    """What depends on the host, not on the model: the host time of the run and the
+    simulator's speed in tokens per wall second (summary `metadata.wall`; two runs of one
+    config and seed differ only here)."""
+    wall_s = max(wall_time_ms / 1000.0, 1e-9)
+    return {
+        "wall_time_ms": wall_time_ms,
+        "processed_tokens_per_s": summary["processed_tokens"] / wall_s,
+        "processed_output_tokens_per_s": summary["total_output_tokens"] / wall_s,
+    }
+
+
+def without_wall(summary: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a run's summary without `metadata.wall`: what the same config and seed
+    always give (to compare two runs)."""
+    out = dict(summary)
+    if isinstance(out.get("metadata"), dict):
+        out["metadata"] = {k: v for k, v in out["metadata"].items() if k != "wall"}
+    return out
 
 
 def goodput_mask(done: pd.DataFrame, slo: SloConfig) -> pd.Series:

@@ -33,13 +33,10 @@ import model.sim as sim
 from model import simulate
 from model.clock import Environment
 from model.config.derived import role_engines
+from model.metrics.summary import without_wall
 from model.sim import Result
 
 TIME_ATOL_MS = 1e-6
-# summary keys measured on the host clock: they differ between any two runs
-HOST_TIME_KEYS = frozenset(
-    {"wall_time_ms", "processed_tokens_per_s", "processed_output_tokens_per_s"}
-)
 TABLES = ("requests", "passes", "kv", "kv_events", "transfers", "routing", "plays")
 
 CONVERSATION = SHARED_TRACES / "conversation_trace.jsonl"
@@ -99,7 +96,7 @@ def table_differences(name: str, fast: pd.DataFrame, step: pd.DataFrame) -> list
 
 def _drop_mode(summary: dict[str, Any], fast_forward: bool) -> dict[str, Any]:
     """The summary without host-time keys and without the one config key the modes differ in."""
-    out = {k: copy.deepcopy(v) for k, v in summary.items() if k not in HOST_TIME_KEYS}
+    out = copy.deepcopy(without_wall(summary))
     config = out["metadata"]["config"]
     assert config["engine"].pop("fast_forward") is fast_forward
     for role in ("prefill", "decode"):

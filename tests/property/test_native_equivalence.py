@@ -23,7 +23,6 @@ from typing import Any
 
 import pytest
 from test_fast_forward_equivalence import (
-    HOST_TIME_KEYS,
     SCENARIOS,
     TABLES,
     table_differences,
@@ -32,6 +31,7 @@ from test_fast_forward_equivalence import (
 )
 
 from model import native
+from model.metrics.summary import without_wall
 
 TESTS = Path(__file__).resolve().parents[1]
 # scenarios also replayed stepping every pass (engine.fast_forward=false)
@@ -115,7 +115,7 @@ def both(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[Any, Any], dict
 
 
 def _summary(s: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in s.items() if k not in HOST_TIME_KEYS}
+    return without_wall(s)
 
 
 RUN_IDS = [(p.id, True) for p in SCENARIOS] + [(p.id, False) for p in SCENARIOS[:STEPPED]]

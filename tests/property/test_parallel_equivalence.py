@@ -21,7 +21,6 @@ import numpy as np
 import pytest
 from conftest import SHARED_TRACES, make_config, write_jsonl
 from test_fast_forward_equivalence import (
-    HOST_TIME_KEYS,
     TABLES,
     table_differences,
     token_time_differences,
@@ -29,6 +28,7 @@ from test_fast_forward_equivalence import (
 )
 
 from model import simulate
+from model.metrics.summary import without_wall
 from model.sim import Result
 from model.workload.errors import TraceError
 
@@ -37,7 +37,7 @@ AZURE = SHARED_TRACES / "AzureLLMInferenceTrace_conv.csv"
 
 
 def _without_processes(summary: dict[str, Any]) -> dict[str, Any]:
-    out = {k: copy.deepcopy(v) for k, v in summary.items() if k not in HOST_TIME_KEYS}
+    out = copy.deepcopy(without_wall(summary))
     meta = out["metadata"]
     del meta["processes"], meta["config"]["parallel"]
     meta.pop("processes_note", None)

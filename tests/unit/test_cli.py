@@ -157,7 +157,7 @@ def test_format_summary_lists_counts_and_latencies():
             "terminal_status_counts": {"completed": 2, "incomplete": 2, "rejected": 1},
             "not_arrived_requests": 1,
             "duration_ms": 1500.0,
-            "wall_time_ms": 20.0,
+            "metadata": {"wall": {"wall_time_ms": 20.0}},
             "request_throughput_rps": 1.3,
             "output_throughput_tok_s": 10.0,
             "total_throughput_tok_s": 100.0,
@@ -168,6 +168,7 @@ def test_format_summary_lists_counts_and_latencies():
     )
     assert "requests     5: 2 completed, 2 incomplete, 1 rejected (1 of them never" in text
     assert "12.50" in text and "0.2500" in text
+    assert "duration     1.5 s simulated in 0.02 s wall" in text
 
 
 def test_a_run_with_the_progress_bar_ends_and_gives_the_same_answers(tmp_path, tiny_trace):

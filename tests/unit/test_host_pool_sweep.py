@@ -66,7 +66,10 @@ def fake_job(sweep: Path, job: int, host: str, **summary: object) -> None:
     d = sweep / str(job)
     (d / ".hydra").mkdir(parents=True)
     (d / ".hydra" / "overrides.yaml").write_text(f"- {KEY}={host}\n- workload.path=/t.jsonl\n")
+    # the host-time keys sit under metadata.wall (collect finds them there by name)
+    wall = {k: summary.pop(k) for k in ("wall_time_ms",) if k in summary}
     meta = {
+        "wall": wall,
         "num_workers": 4,
         "num_gpu_blocks": 1000,
         "kv_bytes_per_token": 131_072,

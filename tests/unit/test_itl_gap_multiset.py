@@ -201,7 +201,7 @@ def test_summarize_takes_the_multiset_or_the_array():
             "e2e_latency_ms": [10.0],
         }
     )
-    sizes = {"decode_workers": 1, "decode_gpus_per_worker": 1, "wall_time_ms": 1.0}
+    sizes = {"decode_workers": 1, "decode_gpus_per_worker": 1}
     by_array = summarize(requests, gaps, **sizes)
     by_multiset = summarize(requests, fed(gaps, 64, rng), **sizes)
     assert by_array == by_multiset

@@ -23,11 +23,11 @@ import pytest
 import model.sim as sim
 from model import simulate
 from model.metrics.recorder import COMPLETED, Appended, Columns, Recorder
+from model.metrics.summary import without_wall
 from model.metrics.tables import REQUEST_DTYPES, kv_table, passes_table, requests_table
 from model.workload.request import Request
 
 FIXED = {"kind": "fixed", "prefill_ms": 10.0, "decode_ms": 1.0}
-HOST_TIME_KEYS = ("wall_time_ms", "processed_tokens_per_s", "processed_output_tokens_per_s")
 OLD_REQUEST_COLUMNS = (
     "_idx",
     "request_id",
@@ -373,7 +373,7 @@ def test_late_values_last_one_wins_and_nullable_columns():
 
 
 def _summary(result: sim.Result) -> str:
-    out = {k: v for k, v in result.summary.items() if k not in HOST_TIME_KEYS}
+    out = without_wall(result.summary)
     out["metadata"] = {k: v for k, v in out["metadata"].items() if k != "config"}
     return json.dumps(out, sort_keys=True, default=str)
 

@@ -13,9 +13,9 @@ import pytest
 
 import model.sim as sim
 from model.metrics.recorder import TABLES, Recorder
+from model.metrics.summary import without_wall
 
 FIXED = {"kind": "fixed", "prefill_ms": 10.0, "decode_ms": 1.0}
-HOST_TIME_KEYS = ("wall_time_ms", "processed_tokens_per_s", "processed_output_tokens_per_s")
 FRAMES = ("requests", "passes", "kv", "kv_events", "transfers", "routing")
 
 
@@ -76,7 +76,7 @@ class Keeping(Recorder):
 
 
 def summary_json(result: sim.Result) -> str:
-    out = {k: v for k, v in result.summary.items() if k not in HOST_TIME_KEYS}
+    out = without_wall(result.summary)
     out["metadata"] = {k: v for k, v in out["metadata"].items() if k != "versions"}
     return json.dumps(out, sort_keys=True, default=str)
 

@@ -56,9 +56,8 @@ def _both(cfg, monkeypatch) -> tuple[sim.Result, sim.Result]:
 def _same(a: sim.Result, b: sim.Result) -> None:
     for name in ("requests", "passes", "kv", "kv_events", "transfers", "routing"):
         pd.testing.assert_frame_equal(getattr(a, name), getattr(b, name), check_exact=True)
-    drop = {"wall_time_ms", "processed_tokens_per_s", "processed_output_tokens_per_s"}
-    sa = {k: v for k, v in a.summary.items() if k not in drop and k != "metadata"}
-    sb = {k: v for k, v in b.summary.items() if k not in drop and k != "metadata"}
+    sa = {k: v for k, v in a.summary.items() if k != "metadata"}
+    sb = {k: v for k, v in b.summary.items() if k != "metadata"}
     assert sa == sb
 
 
