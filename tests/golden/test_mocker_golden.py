@@ -5,7 +5,8 @@ exact keyword arguments), and the mocker's `summary.json` and per-request `reque
 (its report_jsonl_path records, trimmed to the fields read here plus a few for debugging;
 regenerate them with tests/golden/mocker/make_fixtures.py, see the README there). Cases a-j
 run aggregated workers, cases k-y prefill/decode disaggregation (P/D), cases z1-z2 a G2 host
-tier under aggregated workers.
+tier under aggregated workers, cases zx1-zx8 the KV router (in front of P/D, with dp_size 2,
+with a KV-event lag), G3 and a cluster-shared host pool.
 
 For every case servesim is composed from conf/ with Hydra's compose API and simulated, then:
 
@@ -124,6 +125,10 @@ NOT_COMPARED = frozenset(
         "agentic_play_outcomes",
         "agentic_lifecycle_digest",
         "agentic_lifecycle_event_count",
+        # KV tier cases: the mocker's own G3 and shared-G2 statistics (nested dicts of job
+        # counts and bytes; servesim reports its tiers in its own keys)
+        "g3_offload",
+        "g2_domains",
     }
 )
 
@@ -149,14 +154,44 @@ PD_COMMITTED = (
 )
 
 
-# (no case differs per request or in the summary; a difference found later goes here)
-KNOWN_PER_REQUEST: dict[str, str] = {}
-KNOWN_SUMMARY: dict[str, str] = {}
+# Issue 25's host-tier reproducers (cases zx5-zx8; README.md in tests/golden/mocker gives the
+# timelines): each differs per request, in the summary and (zx5-zx7) in committed prefill tokens.
+ZX_SHARED_IN_FLIGHT = (
+    "cluster-shared host pool: the mocker reserves a pass's stores when the pass starts, so "
+    "another worker's request whose prefix continues into a block still being computed waits "
+    "for the store to land and loads it; and a landed store is readable by other workers at "
+    "once, not at the storing worker's next pass end (servesim: no reuse for B and C)"
+)
+ZX_STORE_TOO_BIG = (
+    "G2 store all or nothing: a request's store whose missing blocks cannot all find room "
+    "(after evicting unpinned blocks) stores nothing and evicts nothing, and is retried at the "
+    "request's later pass ends (servesim stores the blocks that fit, evicting A's)"
+)
+ZX_LANDING_ORDER = (
+    "G2 landing order: a store's blocks become resident in prompt order, the first the oldest, "
+    "so a later eviction takes the prefix's first block (servesim makes the first the most "
+    "recent and evicts the last)"
+)
+ZX_WRITE_REFRESHES = (
+    "G3 write-behind: when a G2 -> G3 write lands, its G2 blocks move to the most recent end of "
+    "G2's LRU, in prompt order (servesim leaves them in place, so it evicted block 2003 that "
+    "the mocker keeps)"
+)
+KNOWN_PER_REQUEST: dict[str, str] = {
+    "zx5_shared_pool_in_flight": ZX_SHARED_IN_FLIGHT,
+    "zx6_g2_store_too_big": ZX_STORE_TOO_BIG,
+    "zx7_g2_landing_order": ZX_LANDING_ORDER,
+    "zx8_g3_write_refreshes_g2": ZX_WRITE_REFRESHES,
+}
+KNOWN_SUMMARY: dict[str, str] = dict(KNOWN_PER_REQUEST)
 KNOWN_COMMITTED = {
     "c_tight_kv_lifo": COMMITTED,
     "d_tight_kv_fifo": COMMITTED,
     "n_pd_tight_decode": PD_COMMITTED,
     "t_pd_retry_after_preemption": PD_COMMITTED,
+    "zx5_shared_pool_in_flight": ZX_SHARED_IN_FLIGHT,
+    "zx6_g2_store_too_big": ZX_STORE_TOO_BIG,
+    "zx7_g2_landing_order": ZX_LANDING_ORDER,
 }
 
 
@@ -249,10 +284,29 @@ def same_status(ours: str, ref: str) -> bool:
     return ours == ref or (ours, ref) in STATUS_ALIASES
 
 
+def first_use_ids(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records with each ID_FIELDS id renumbered 0, 1, ... in order of first use (by
+    arrival, then first token): the KV router breaks a tie between equivalent targets at random
+    (the mocker unseeded), so only the pattern of ids is compared."""
+    out = [dict(r) for r in records]
+    order = sorted(out, key=_order)
+    for f in ID_FIELDS:
+        ids: dict[Any, int] = {}
+        for rec in order:
+            if rec.get(f) is not None:
+                rec[f] = ids.setdefault(rec[f], len(ids))
+    return out
+
+
 def per_request_mismatches(name: str) -> list[str]:
     """Every field of the fixture's records that servesim also reports (TIME_FIELDS,
-    COUNT_FIELDS, ID_FIELDS; the P/D ones only where the fixture keeps them) and the status."""
-    pairs, problems = join(servesim_records(servesim_run(name)), mocker_records(name))
+    COUNT_FIELDS, ID_FIELDS; the P/D ones only where the fixture keeps them) and the status.
+    Cases with `"worker_ids": "first_use"` (the KV router's) compare ids renumbered in order of
+    first use on both sides."""
+    ours, ref = servesim_records(servesim_run(name)), mocker_records(name)
+    if _case(name).get("worker_ids") == "first_use":
+        ours, ref = first_use_ids(ours), first_use_ids(ref)
+    pairs, problems = join(ours, ref)
     for s, m in pairs:
         diffs = []
         for f in TIME_FIELDS:

@@ -1086,6 +1086,366 @@ CASES = [
 ]
 
 
+# --------------------------------------------------------------------------- issue 25: zx cases
+# The settings the cases above do not reach: the KV router in front of a P/D cluster, dp_size 2
+# behind the KV router, the KV-event lag, G3 (disk) under the host tier, and a cluster-shared host
+# pool; plus the host-tier store rules found while comparing them. zx1-zx4 match the mocker;
+# zx5-zx8 are reproducers of differences (strict xfails in the test; README.md gives the rules).
+
+# The mocker's KvRouterConfig defaults (ai-dynamo-runtime 1.6.1), the fields compare_dynamo.py
+# sends (`_router_args`)
+ZX_ROUTER: dict[str, Any] = {
+    "overlap_score_credit": 1.0,
+    "prefill_load_scale": 1.0,
+    "host_cache_hit_weight": 0.75,
+    "disk_cache_hit_weight": 0.25,
+    "decode_active_request_weight": 0.0,
+    "router_temperature": 0.0,
+    "router_queue_threshold": None,
+    "router_queue_policy": "fcfs",
+}
+ZX_FIXED = {"timing_model": {"type": "fixed", "prefill_ms": 10.0, "decode_ms": 2.0}}
+ZX_FIXED_OVERRIDES = ("timing=fixed", "timing.prefill_ms=10.0", "timing.decode_ms=2.0")
+
+
+def zx_host(num_host_blocks: int, scope: str = "dp_rank_local", bw: float = 8.388608) -> Row:
+    """`native_host_offload` as compare_dynamo.py sends servesim's kv_cache.host_offload."""
+    out: Row = {
+        "num_host_blocks": num_host_blocks,
+        "scope": scope,
+        "d2h_bandwidth_gbps": bw,
+        "h2d_bandwidth_gbps": bw,
+        "latency_to_first_byte_ms": 0.0,
+        "shared_d2h_bandwidth_gbps": 80.0,
+        "shared_h2d_bandwidth_gbps": 80.0,
+    }
+    if scope == "cluster_shared":  # servesim's derived layout: 64-token blocks, Llama-3.1-8B
+        out["kv_layout_id"] = f"block64x{KV_BYTES_PER_TOKEN}B"
+    return out
+
+
+def zx_disk(num_g3_blocks: int, bw: float) -> Row:
+    """`g3_offload` as compare_dynamo.py sends servesim's kv_cache.disk."""
+    return {
+        "num_g3_blocks": num_g3_blocks,
+        "scope": "worker_local",
+        "latency_to_first_byte_ms": 0.1,
+        "read_bandwidth_gbps": bw,
+        "write_bandwidth_gbps": bw,
+        "shared_read_bandwidth_gbps": 80.0,
+        "shared_write_bandwidth_gbps": 80.0,
+    }
+
+
+def zx_families_trace(
+    seed: int,
+    n: int,
+    n_families: int,
+    gap_ms: tuple[int, int],
+    prefix_blocks: tuple[int, int] = (6, 10),
+    suffix_blocks: tuple[int, int] = (1, 4),
+    output: tuple[int, int] = (2, 40),
+) -> list[Row]:
+    """`n` rows `gap_ms` apart (uniform integers); the first `n_families` rows open one family
+    each, later rows draw one; a row is its family's system prompt plus fresh blocks. Trace
+    block size 64."""
+    rng = random.Random(seed)
+    next_id = [100000]
+    families = [
+        list(range(f * 1000, f * 1000 + rng.randint(*prefix_blocks))) for f in range(n_families)
+    ]
+    rows: list[Row] = []
+    t = 0
+    for i in range(n):
+        t += rng.randint(*gap_ms)
+        family = rng.randrange(n_families) if i >= n_families else i
+        hashes = families[family] + _hash_ids(next_id, rng.randint(*suffix_blocks))
+        cap = len(hashes) * 64
+        rows.append(
+            {
+                "timestamp": t,
+                "input_length": rng.randint(cap - 63, cap),
+                "output_length": rng.randint(*output),
+                "hash_ids": hashes,
+            }
+        )
+    return rows
+
+
+def zx_shared_pool_trace() -> list[Row]:
+    """3 workers (round robin) sharing one host pool, budget 64 tokens: A (worker 0) computes
+    block 0 in its pass 0 -> 7; B (worker 1, at 5) and C (worker 2, at 8) start with block 0."""
+    return [
+        {"timestamp": 0, "input_length": 92, "output_length": 1, "hash_ids": [0, 1]},
+        {"timestamp": 5, "input_length": 74, "output_length": 12, "hash_ids": [0, 100]},
+        {"timestamp": 8, "input_length": 74, "output_length": 3, "hash_ids": [0, 200]},
+    ]
+
+
+def zx_store_trace() -> list[Row]:
+    """1 worker, G1 4 blocks: A stores blocks [1, 2] to G2, B's 4 blocks evict both from G1 and
+    B stores its 4 as one copy; C at 100 starts with block 1 (found in G2 or not)."""
+    return [
+        {"timestamp": 0, "input_length": 128, "output_length": 2, "hash_ids": [1, 2]},
+        {"timestamp": 50, "input_length": 256, "output_length": 1, "hash_ids": [3, 4, 5, 6]},
+        {"timestamp": 100, "input_length": 128, "output_length": 5, "hash_ids": [1, 7]},
+    ]
+
+
+def zx_g3_write_trace() -> list[Row]:
+    """6 rows from 4 families on 1 worker (G1 16, G2 12, G3 60 blocks), shrunk from a 40-row
+    trace: the last row starts with family 2000's 4 blocks, the 4th of which only G2's LRU
+    order decides (README.md)."""
+    return [
+        {
+            "timestamp": 506,
+            "input_length": 400,
+            "output_length": 1,
+            "hash_ids": [3000, 3001, 3002, 3003, 3004, 100022, 100023],
+        },
+        {
+            "timestamp": 980,
+            "input_length": 359,
+            "output_length": 7,
+            "hash_ids": [2000, 2001, 2002, 2003, 100048, 100049],
+        },
+        {"timestamp": 986, "input_length": 232, "output_length": 9, "hash_ids": [0, 1, 2, 100050]},
+        {
+            "timestamp": 1043,
+            "input_length": 334,
+            "output_length": 10,
+            "hash_ids": [3000, 3001, 3002, 3003, 3004, 100052],
+        },
+        {
+            "timestamp": 1133,
+            "input_length": 300,
+            "output_length": 2,
+            "hash_ids": [1000, 1001, 1002, 100056, 100057],
+        },
+        {
+            "timestamp": 1217,
+            "input_length": 365,
+            "output_length": 7,
+            "hash_ids": [2000, 2001, 2002, 2003, 100059, 100060],
+        },
+    ]
+
+
+@dataclass(frozen=True)
+class ZxCase(Case):
+    """A case with the KV router (`router`: KvRouterConfig changes; None = round robin), a
+    KV-event lag, attention DP on aggregated workers, and engine keys for the KV tiers
+    (`tiers`: native_host_offload, g3_offload and kv_cache_bytes_per_token)."""
+
+    router: dict[str, Any] | None = None
+    kv_event_lag_ms: float = 0.0
+    dp_size: int = 1
+    tiers: dict[str, Any] = field(default_factory=dict)
+    # the KV router breaks a tie between idle targets at random (unseeded in the mocker): the
+    # test compares worker ids renumbered in order of first use ("first_use")
+    worker_ids: str = "exact"
+
+    def _cluster_kwargs(self) -> dict[str, Any]:
+        out = super()._cluster_kwargs()
+        engines = (
+            [out["extra_engine_args"]]
+            if self.pd is None
+            else [out["prefill_engine_args"], out["decode_engine_args"]]
+        )
+        for args in engines:
+            args["engine"] = {**args["engine"], **self.tiers}
+        if self.pd is None and self.dp_size != 1:
+            out["extra_engine_args"]["dp_size"] = self.dp_size
+        if self.router is not None:
+            out["router_mode"] = "kv_router"
+            out["router_config"] = {**ZX_ROUTER, **self.router}
+            if self.kv_event_lag_ms > 0:
+                out["kv_event_lag_ms"] = self.kv_event_lag_ms
+        return out
+
+    def spec(self) -> dict[str, Any]:
+        """Extra case.json keys the test reads."""
+        return {"worker_ids": self.worker_ids} if self.worker_ids != "exact" else {}
+
+
+def zx_router_case(
+    name: str,
+    description: str,
+    trace: Callable[[], list[Row]],
+    pool_blocks: int,
+    router_overrides: tuple[str, ...],
+    **kwargs: Any,
+) -> ZxCase:
+    """A KV-router case: fixed timing 10 / 2 ms, `pool_blocks` KV blocks per rank, a 256-token
+    budget, trace block size 64, worker ids compared in order of first use."""
+    return ZxCase(
+        name,
+        description,
+        trace,
+        trace_block_size=64,
+        engine={**ZX_FIXED, "num_gpu_blocks": pool_blocks, "max_num_batched_tokens": 256},
+        servesim_overrides=(
+            *ZX_FIXED_OVERRIDES,
+            f"engine.num_gpu_blocks={pool_blocks}",
+            "engine.max_num_batched_tokens=256",
+            "router=kv",
+            *router_overrides,
+        ),
+        worker_ids="first_use",
+        **kwargs,
+    )
+
+
+ZX_TIER_OVERRIDES = (
+    "engine.num_gpu_blocks=16",
+    "timing=fixed",
+    "timing.prefill_ms=10.0",
+    "timing.decode_ms=1.0",
+    "kv_cache.host_offload.num_host_blocks=12",
+    "kv_cache.host_offload.d2h_bandwidth_gbps=8.388608",
+    "kv_cache.host_offload.h2d_bandwidth_gbps=8.388608",
+    "kv_cache.disk.num_g3_blocks=60",
+    "kv_cache.disk.read_bandwidth_gbps=4.194304",
+    "kv_cache.disk.write_bandwidth_gbps=4.194304",
+)
+ZX_TIER_ENGINE = {
+    "num_gpu_blocks": 16,
+    "timing_model": {"type": "fixed", "prefill_ms": 10.0, "decode_ms": 1.0},
+}
+ZX_TIERS = {
+    "kv_cache_bytes_per_token": KV_BYTES_PER_TOKEN,
+    "native_host_offload": zx_host(12),
+    "g3_offload": zx_disk(60, 4.194304),
+}
+ZX_STORE_OVERRIDES = (
+    "engine.num_gpu_blocks=4",
+    "timing=fixed",
+    "timing.prefill_ms=7.0",
+    "timing.decode_ms=1.0",
+    "kv_cache.host_offload.d2h_bandwidth_gbps=8.388608",
+    "kv_cache.host_offload.h2d_bandwidth_gbps=8.388608",
+)
+ZX_STORE_ENGINE = {
+    "num_gpu_blocks": 4,
+    "timing_model": {"type": "fixed", "prefill_ms": 7.0, "decode_ms": 1.0},
+}
+
+
+def zx_store_case(name: str, description: str, host_blocks: int) -> ZxCase:
+    """The trace of `zx_store_trace` on 1 worker (G1 4 blocks, fixed 7 / 1 ms) over a G2 of
+    `host_blocks` blocks, one block per ms each way."""
+    return ZxCase(
+        name,
+        description,
+        zx_store_trace,
+        trace_block_size=64,
+        engine={**ZX_STORE_ENGINE, "kv_cache_bytes_per_token": KV_BYTES_PER_TOKEN},
+        servesim_overrides=(
+            *ZX_STORE_OVERRIDES,
+            f"kv_cache.host_offload.num_host_blocks={host_blocks}",
+        ),
+        tiers={"native_host_offload": zx_host(host_blocks)},
+    )
+
+
+ZX_CASES = [
+    zx_router_case(
+        "zx1_kv_router_2p1d",
+        "14 requests from 3 prompt families, KV router in front of 2 prefill workers and 1 "
+        "decode worker (25 GB/s), queue threshold 0.5, fixed 10 / 2 ms, 200-block pools",
+        lambda: zx_families_trace(4, 14, 3, (3, 25)),
+        200,
+        ("router.queue_threshold=0.5",),
+        pd=(2, 1),
+        bandwidth_gbps=25.0,
+        router={"router_queue_threshold": 0.5},
+    ),
+    zx_router_case(
+        "zx2_kv_router_dp2",
+        "the 14 requests of zx1 on 1 worker with dp_size 2 (the KV router picks a rank), "
+        "queue threshold 0.5, fixed 10 / 2 ms, 120-block pools per rank",
+        lambda: zx_families_trace(4, 14, 3, (3, 25)),
+        120,
+        ("router.queue_threshold=0.5", "+engine.dp_size=2"),
+        dp_size=2,
+        router={"router_queue_threshold": 0.5},
+    ),
+    zx_router_case(
+        "zx3_kv_event_lag",
+        "14 requests from 3 families on 2 workers behind the KV router with KV events 20 ms "
+        "late (which changes where requests go), fixed 10 / 2 ms, 120-block pools",
+        lambda: zx_families_trace(0, 14, 3, (3, 25)),
+        120,
+        ("router.kv_event_lag_ms=20.0",),
+        num_workers=2,
+        router={},
+        kv_event_lag_ms=20.0,
+    ),
+    ZxCase(
+        "zx4_g3_disk_1w",
+        "40 requests from 4 families, 1 worker: G1 16 blocks, G2 12 (one block per ms each "
+        "way), G3 60 (4.19 GB/s, 0.1 ms to first byte): restores from G3 through G2",
+        lambda: zx_families_trace(5, 40, 4, (0, 60), (2, 5), (1, 2), (1, 10)),
+        trace_block_size=64,
+        engine={**ZX_TIER_ENGINE, **ZX_TIERS},
+        servesim_overrides=ZX_TIER_OVERRIDES,
+    ),
+    ZxCase(
+        "zx5_shared_pool_in_flight",
+        "3 requests on 3 workers sharing one host pool: blocks another worker is computing, or "
+        "has just stored, are waited for and loaded (differs: README.md)",
+        zx_shared_pool_trace,
+        num_workers=3,
+        trace_block_size=64,
+        engine={
+            "num_gpu_blocks": 18,
+            "max_num_batched_tokens": 64,
+            "timing_model": {"type": "fixed", "prefill_ms": 7.0, "decode_ms": 1.0},
+            "kv_cache_bytes_per_token": KV_BYTES_PER_TOKEN,
+        },
+        servesim_overrides=(
+            "engine.num_gpu_blocks=18",
+            "engine.max_num_batched_tokens=64",
+            "timing=fixed",
+            "timing.prefill_ms=7.0",
+            "timing.decode_ms=1.0",
+            "kv_cache.host_offload.num_host_blocks=15",
+            "kv_cache.host_offload.scope=cluster_shared",
+            "kv_cache.host_offload.d2h_bandwidth_gbps=0.0",
+            "kv_cache.host_offload.h2d_bandwidth_gbps=32.0",
+        ),
+        tiers={
+            "native_host_offload": {
+                **zx_host(15, "cluster_shared", 0.0),
+                "h2d_bandwidth_gbps": 32.0,
+            }
+        },
+    ),
+    zx_store_case(
+        "zx6_g2_store_too_big",
+        "3 requests, 1 worker, G2 of 3 blocks: a 4-block store does not fit and stores "
+        "nothing (differs: README.md)",
+        3,
+    ),
+    zx_store_case(
+        "zx7_g2_landing_order",
+        "the trace of zx6 with a G2 of 5 blocks: the 4-block store evicts one block of [1, 2], "
+        "the oldest by landing order (differs: README.md)",
+        5,
+    ),
+    ZxCase(
+        "zx8_g3_write_refreshes_g2",
+        "6 requests, the tiers of zx4: a G2 block written to G3 becomes recent in G2 when the "
+        "write lands (differs: README.md)",
+        zx_g3_write_trace,
+        trace_block_size=64,
+        engine={**ZX_TIER_ENGINE, **ZX_TIERS},
+        servesim_overrides=ZX_TIER_OVERRIDES,
+    ),
+]
+CASES += ZX_CASES
+
+
 # --------------------------------------------------------------------------- writing
 
 
@@ -1113,8 +1473,11 @@ def run_mocker(case: Case, case_dir: Path) -> None:
 
     raw = case_dir / "requests.raw.jsonl"
     t0 = time.perf_counter()
+    kwargs = case.mocker_kwargs()
+    if isinstance(kwargs.get("router_config"), dict):  # the KV router's config object
+        kwargs["router_config"] = core.KvRouterConfig.from_json(json.dumps(kwargs["router_config"]))
     result = core.run_mocker_trace_replay(
-        [str(case_dir / "trace.jsonl")], report_jsonl_path=str(raw), **case.mocker_kwargs()
+        [str(case_dir / "trace.jsonl")], report_jsonl_path=str(raw), **kwargs
     )
     wall = time.perf_counter() - t0
     summary = {k: v for k, v in dict(result.summary).items() if k not in WALL_KEYS}
@@ -1159,6 +1522,7 @@ def main(argv: list[str] | None = None) -> int:
             "trace": "trace.jsonl",
             "servesim_overrides": case.overrides(),
             "mocker_kwargs": case.mocker_kwargs(),
+            **(case.spec() if isinstance(case, ZxCase) else {}),
         }
         (case_dir / "case.json").write_text(json.dumps(spec, indent=1) + "\n")
         if not args.traces_only:
