@@ -104,9 +104,10 @@ class TierPool:
             if k in resident:
                 resident.move_to_end(k)
 
-    def reserve(self, keys: list[int]) -> list[int]:
+    def reserve(self, keys: list[int]) -> list[int] | None:
         """Take room for the `keys` this tier lacks (in order, each once), evicting least
-        recently used unpinned blocks; returns those admitted, the rest are dropped."""
+        recently used unpinned blocks; returns them. All or nothing: when they cannot all have
+        room, nothing is taken or evicted and the answer is None (the copy is dropped)."""
         resident = self.resident
         incoming = self.incoming
         seen: set[int] = set()
@@ -121,10 +122,10 @@ class TierPool:
             return []
         short = len(missing) - self.free_blocks
         if short > 0:
+            if sum(1 for k in resident if k not in self.pins) < short:
+                self.n_dropped += len(missing)
+                return None
             self._evict(short)
-            fit = max(0, self.free_blocks)
-            self.n_dropped += len(missing) - fit
-            missing = missing[:fit]
         incoming.update(missing)
         self._sample()
         return missing
@@ -136,16 +137,23 @@ class TierPool:
         self.n_evicted += len(victims)
 
     def land(self, keys: list[int]) -> None:
-        """A copy into this tier arrived: its blocks become resident (most recent)."""
+        """A copy into this tier arrived: its blocks become resident, the most recent, in
+        the copy's order (its first block the oldest of them)."""
+        self.refresh(keys)
         for k in keys:
             self.incoming.discard(k)
-            self.resident[k] = None
             self._event(STORED, k)
         self.n_admitted += len(keys)
-        self.touch(keys)
         self._sample()
         for reader in self.readers:
             reader.blocks_arrived()
+
+    def refresh(self, keys: list[int]) -> None:
+        """Make `keys` the most recently used, in their order (the first the oldest)."""
+        resident = self.resident
+        for k in keys:
+            resident[k] = None
+            resident.move_to_end(k)
 
     def pin(self, keys: list[int]) -> None:
         count_in(self.pins, keys)
@@ -217,16 +225,16 @@ class RankTiers:
         for req, _n, _p, _b in batch.items:  # one item per request
             n_full = min(req.num_computed_tokens, req.input_length) // bs
             start = req.host_cursor
-            if n_full <= start:
-                continue
-            req.host_cursor = n_full
-            self._store(req, start, n_full)
+            if n_full > start and self._store(req, start, n_full):
+                req.host_cursor = n_full
 
-    def _store(self, req: Request, start: int, stop: int) -> None:
+    def _store(self, req: Request, start: int, stop: int) -> bool:
+        """Copy blocks start..stop of `req`'s prompt to what G2 lacks of them; False when G2
+        has no room for them all (nothing copied: the next pass end tries again)."""
         keys = req.prompt_hashes[start:stop]
         admitted = self.g2.reserve(keys)
         if not admitted:
-            return
+            return admitted is not None
         wanted = set(admitted)
         g1_keys = [req.held_hashes[j] for j in range(start, stop) if keys[j - start] in wanted]
         assert self.rank is not None and self.worker is not None
@@ -261,6 +269,7 @@ class RankTiers:
         req.host_store = done
         for k in g1_keys:
             store_of[k] = done
+        return True
 
     def landings(self, keys: list[Any]) -> list[simpy.Event]:
         """The landings of the stores reading the G1 blocks `keys` (those still in flight)."""
@@ -286,7 +295,10 @@ class RankTiers:
 
         def landed(_: simpy.Event) -> None:
             g3.land(admitted)
-            self.g2.unpin(admitted)
+            g2 = self.g2
+            g2.unpin(admitted)
+            # written through, they are the most recently used of G2
+            g2.refresh([k for k in admitted if k in g2.resident])
 
         done.callbacks.append(landed)
 
@@ -320,7 +332,7 @@ class RankTiers:
         and room in G2 to stage the G3 ones; returns how many G3 blocks G2 could take (the
         first ones; the others are recomputed)."""
         self.g2.pin(host_keys)
-        staged = self.g2.reserve(disk_keys) if disk_keys else []
+        staged = (self.g2.reserve(disk_keys) if disk_keys else None) or []
         if staged:
             assert self.g3 is not None
             self.g3.pin(staged)

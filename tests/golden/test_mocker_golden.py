@@ -154,34 +154,16 @@ PD_COMMITTED = (
 )
 
 
-# Issue 25's host-tier reproducers (cases zx5-zx8; README.md in tests/golden/mocker gives the
-# timelines): each differs per request, in the summary and (zx5-zx7) in committed prefill tokens.
+# Issue 25's shared host pool reproducer (case zx5; README.md in tests/golden/mocker gives the
+# timeline): it differs per request, in the summary and in committed prefill tokens.
 ZX_SHARED_IN_FLIGHT = (
     "cluster-shared host pool: the mocker reserves a pass's stores when the pass starts, so "
     "another worker's request whose prefix continues into a block still being computed waits "
     "for the store to land and loads it; and a landed store is readable by other workers at "
     "once, not at the storing worker's next pass end (servesim: no reuse for B and C)"
 )
-ZX_STORE_TOO_BIG = (
-    "G2 store all or nothing: a request's store whose missing blocks cannot all find room "
-    "(after evicting unpinned blocks) stores nothing and evicts nothing, and is retried at the "
-    "request's later pass ends (servesim stores the blocks that fit, evicting A's)"
-)
-ZX_LANDING_ORDER = (
-    "G2 landing order: a store's blocks become resident in prompt order, the first the oldest, "
-    "so a later eviction takes the prefix's first block (servesim makes the first the most "
-    "recent and evicts the last)"
-)
-ZX_WRITE_REFRESHES = (
-    "G3 write-behind: when a G2 -> G3 write lands, its G2 blocks move to the most recent end of "
-    "G2's LRU, in prompt order (servesim leaves them in place, so it evicted block 2003 that "
-    "the mocker keeps)"
-)
 KNOWN_PER_REQUEST: dict[str, str] = {
     "zx5_shared_pool_in_flight": ZX_SHARED_IN_FLIGHT,
-    "zx6_g2_store_too_big": ZX_STORE_TOO_BIG,
-    "zx7_g2_landing_order": ZX_LANDING_ORDER,
-    "zx8_g3_write_refreshes_g2": ZX_WRITE_REFRESHES,
 }
 KNOWN_SUMMARY: dict[str, str] = dict(KNOWN_PER_REQUEST)
 KNOWN_COMMITTED = {
@@ -190,8 +172,6 @@ KNOWN_COMMITTED = {
     "n_pd_tight_decode": PD_COMMITTED,
     "t_pd_retry_after_preemption": PD_COMMITTED,
     "zx5_shared_pool_in_flight": ZX_SHARED_IN_FLIGHT,
-    "zx6_g2_store_too_big": ZX_STORE_TOO_BIG,
-    "zx7_g2_landing_order": ZX_LANDING_ORDER,
 }
 
 
