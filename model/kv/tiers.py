@@ -250,15 +250,21 @@ class RankTiers:
             worker.order,
         )
 
+        g2 = self.g2
+        shared = len(g2.readers) > 1
+
         def landed(_: simpy.Event) -> None:
             if req.host_store is done:
                 req.host_store = None
             for k in g1_keys:
                 if store_of.get(k) is done:
                     del store_of[k]
+            if shared:  # other workers read these blocks now, whatever this one is doing
+                g2.land(admitted)
 
             def apply() -> None:
-                self.g2.land(admitted)
+                if not shared:
+                    g2.land(admitted)
                 pool.unpin(g1_keys)
                 worker.kv_freed()
                 self._write_behind(req.request_id, admitted)
