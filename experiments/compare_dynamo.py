@@ -31,8 +31,9 @@ For every trace x cluster shape this runs
 
   - workload=agentic_mooncake (`--override workload=agentic_mooncake`): `trace_format=
     "agentic_mooncake"`, `agentic_lanes` and `execution_model` (llm.name); lanes must use
-    `workload.agentic_lane_assignment=shared_queue` (the mocker's lanes take the next unstarted
-    play), and snapshots, warmup and profiles have no offline counterpart there.
+    `workload.agentic_lane_assignment=shared_queue`, the default (the mocker's lanes take the
+    next unstarted play; stride is refused), and snapshots, warmup and profiles have no offline
+    counterpart there.
 
   A setting the mocker cannot express stops the run (exit status 2): another timing model or
   polynomial coefficients, a random router, session affinity (router.affinity.mode), a
@@ -388,7 +389,7 @@ def _agentic_args(
         if workload.agentic_lane_assignment != "shared_queue":
             problems.append(
                 "workload.agentic_lane_assignment=stride: the mocker's lanes take the next "
-                "unstarted play (set workload.agentic_lane_assignment=shared_queue)"
+                "unstarted play (workload.agentic_lane_assignment=shared_queue, the default)"
             )
     for key in ("agentic_snapshot", "agentic_profile"):
         if getattr(workload, key) is not None:

@@ -5,8 +5,10 @@ one play at a time; warmup and the continuous profile are phases around them (re
   earliest start is 0), all at once.
 * **Lanes** L: lane l replays plays one after the other, starting the next one the instant the
   current one settles, each rebased so its earliest authored start is the lane's start time.
-  `stride` gives lane l the plays l, l + L, l + 2L, ... (no stealing); `shared_queue` gives
-  every lane the next unstarted play (what Dynamo 1.6.1's mocker does, observed).
+  `shared_queue` (the default) gives a lane whose play settles the next unstarted play, in
+  play order (what Dynamo 1.6.1's mocker does, observed); `stride` gives lane l the plays l,
+  l + L, l + 2L, ... (no stealing). A snapshot fixes the slots in advance (lane l's k-th play
+  is play k L + l, cut at its own (l, k)), whichever rule is set.
 * **Snapshot**: every play instance is cut at its seeded t* (`model.agentic.snapshot`); play
   instances get fresh ids and their own hash-id space (lanes never share cache by accident).
 * **Warmup**: per lane, one after the other with no idle time, each primer (the full input of a

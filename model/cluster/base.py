@@ -46,6 +46,9 @@ class ClusterBase:
         self.workers: list[Worker] = []
         self.tiers = TierBuilder(env, cfg, recorder)
         self.routers: list[Router] = []
+        # KV routers with a pending queue: they apply a pass end's signals in the pass's
+        # running order, so each admission to their workers is told to them
+        self.ordered_routers: list[KvRouter] = []
         # the timing model's per-request frontend latency (tokenization, API, scheduling)
         # between a request's arrival and its reaching the router; counts in TTFT
         self.frontend_ms = frontend_latency_ms(cfg)
@@ -134,6 +137,8 @@ class ClusterBase:
             return
         for worker in workers:
             worker.on_signals_done = router.settle
+        if router.busy_tokens is not None:
+            self.ordered_routers.append(router)
         index = router.index
         for k, worker in enumerate(workers):
             for rank in worker.ranks:
@@ -188,6 +193,8 @@ class ClusterBase:
             req.first_admit_ms = now_ms
             req.first_admission_reused_tokens = reused_tokens
         req.note_reuse(reused_tokens, req.admit_host_tokens, req.admit_disk_tokens)
+        for router in self.ordered_routers:
+            router.admitted(req)
 
     def end(self, req: Request, status: str, reason: str = "") -> None:
         req.status = Status.DONE

@@ -185,6 +185,8 @@ class DisaggCluster(ClusterBase):
                 parent.prefill_admit_ms = parent.first_admit_ms = now_ms
                 parent.first_admission_reused_tokens = reused_tokens
             parent.note_reuse(reused_tokens, req.admit_host_tokens, req.admit_disk_tokens)
+            for router in self.ordered_routers:  # the prefill router, with a pending queue
+                router.admitted(req)
             return
         if req.n_admissions == 1:  # a decode admission
             req.decode_admit_ms = now_ms

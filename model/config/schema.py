@@ -543,10 +543,10 @@ class AgenticOptions(Schema):
         False, description="primers + 10 one-token requests per lane, then a barrier"
     )
     agentic_profile: AgenticProfile | None = None
-    agentic_lane_assignment: Literal["stride", "shared_queue"] = Field(
-        "stride",
-        description="stride: lane l takes plays l, l+L, ...; shared_queue: the next unstarted "
-        "play (Dynamo 1.6.1's mocker)",
+    agentic_lane_assignment: Literal["shared_queue", "stride"] = Field(
+        "shared_queue",
+        description="shared_queue: a lane whose play settles takes the next unstarted play "
+        "(Dynamo 1.6.1's mocker, a pool of agent workers); stride: lane l takes plays l, l+L, ...",
     )
 
     @model_validator(mode="after")

@@ -45,5 +45,6 @@ class Router:
         """`req` ended (completed or rejected) where the router sent it."""
 
     def settle(self) -> None:
-        """The lifecycle edges of one instant are all in (`prefill_done` and `finished` only
-        update the router's view; a router with a queue releases from it here)."""
+        """A pass end's lifecycle edges (`prefill_done`, `finished`) are all in; a router with
+        a queue applies the ones it held here, in the pass's batch order, and releases from
+        the queue after each."""

@@ -25,9 +25,15 @@ Pending queue (`queue_threshold` set): a target is busy while A_w > queue_thresh
 max_num_batched_tokens. A request waits when every target it may go to is busy, or when others
 already wait for them; waiting requests keep the overlaps seen at arrival and are ordered
 `fcfs` (arrival), `lcfs` (latest arrival first) or `wspt` (fewest uncached prompt tokens first),
-ties by queue entry. They are re-examined only when a target's load drops (a first token, an
-end), at `settle`, once the pass end's signals are all in: requests bound to that target, and
-the shared queue if a target is free, by heads, in O(log n) per request released.
+ties by queue entry. They are re-examined only when a target's load drops, and, as in Dynamo,
+one signal at a time: while requests wait, a pass end's first tokens and ends are held until
+`settle`, then applied one by one in the pass's batch order (its worker's running order, that
+is the order of the requests' latest admissions, which the cluster reports to `admitted`), the
+queue re-examined after each; a request released by one first token still sees the prefill
+tokens of those the pass has not applied yet. A re-examination looks at the requests bound to
+that target, and the shared queue if a target is free, by heads, in O(log n) per request
+released. While nothing waits a signal is applied at once: no re-examination could release
+anything, and nothing is routed before the pass end's signals are in.
 
 Session affinity (`affinity.mode`): the key's first request initialises a binding (the key's
 later requests wait until it is dispatched), the binding is then set to where it went; later
@@ -54,6 +60,8 @@ from model.router.base import Router
 from model.router.prefix_index import Holders, PrefixIndex
 from model.workload.request import Request
 
+# a flight never admitted (a rejection) signals after the pass's admitted requests
+NOT_ADMITTED = 1 << 62
 IMMEDIATE = "immediate"
 QUEUED = "queued"
 POOL_NAMES = {"aggregated": "agg", "prefill": "prefill", "decode": "decode"}
@@ -70,6 +78,7 @@ class _Flight:
     blocks: list[int]  # prompt blocks charged to the decode term (sharing counted once)
     n_private: int  # decode pool: blocks charged with no sharing
     key: str | None
+    order: int = NOT_ADMITTED  # its latest admission's rank among the router's admissions
 
 
 @dataclass(slots=True)
@@ -92,6 +101,10 @@ class _Waiting:
 
 # a queue entry: (policy key, entry sequence, the waiting request); tuples compare in C
 Entry = tuple[float, int, _Waiting]
+# a held lifecycle signal: (target, running order, arrival in the pass end, the request's
+# flight, whether it is a first token, whether it is an end); tuples compare in C and the
+# third field is unique
+Signal = tuple[int, int, int, _Flight, bool, bool]
 
 
 class KvRouter(Router):
@@ -136,7 +149,9 @@ class KvRouter(Router):
         self.bound_queue: dict[int, list[Entry]] = {}
         self.n_waiting = 0
         self._seq = 0
-        self._to_drain: set[int] = set()  # targets whose load dropped since the last settle
+        self._n_admitted = 0  # admissions counted (`admitted`), for the running order
+        # signals held while requests wait, by request index, until `settle` applies them
+        self._held: dict[int, Signal] = {}
         # affinity
         self.affinity = cfg.affinity.mode
         self.ttl_ms = cfg.affinity.ttl_seconds * 1000.0
@@ -182,18 +197,62 @@ class KvRouter(Router):
                 pinned = b.target
         self._place(req, self._overlaps(req), pinned, now, IMMEDIATE)
 
+    def admitted(self, req: Request) -> None:
+        """A worker admitted `req` (again, after a preemption): it goes to the end of its
+        target's running order, the order a pass's signals come in."""
+        f = self.flights.get(req.idx)
+        if f is not None:
+            self._n_admitted += 1
+            f.order = self._n_admitted
+
     def prefill_done(self, req: Request) -> None:
         f = self.flights.get(req.idx)
         if f is None or not f.prefill_tokens:
             return
-        self.prefill_tokens[f.target] -= f.prefill_tokens
-        f.prefill_tokens = 0
-        self._to_drain.add(f.target)
+        if self.n_waiting:
+            self._hold(req.idx, f, first_token=True)
+            return
+        self._prefill_off(f)
 
     def finished(self, req: Request) -> None:
         f = self.flights.pop(req.idx, None)
         if f is None:
             return
+        if self.n_waiting:
+            self._hold(req.idx, f, first_token=False)
+            return
+        self._end(f)
+
+    def settle(self) -> None:
+        """A pass end's signals are all in: apply the held ones in the pass's batch order (a
+        request's first token and end together), re-examining the queue after each one that
+        lowered a target's prefill load (Dynamo's replay drains after every signal; only
+        those can release anything)."""
+        if not self._held:
+            return
+        held = sorted(self._held.values())
+        self._held.clear()
+        for t, _order, _k, f, first_token, end in held:
+            before = self.prefill_tokens[t]
+            if first_token:
+                self._prefill_off(f)
+            if end:
+                self._end(f)
+            if self.prefill_tokens[t] < before:
+                self._drain(t)
+
+    def _hold(self, idx: int, f: _Flight, first_token: bool) -> None:
+        held = self._held.get(idx)
+        if held is None:
+            self._held[idx] = (f.target, f.order, len(self._held), f, first_token, not first_token)
+        else:  # its first token and its end in one pass: one signal (Dynamo's free does both)
+            self._held[idx] = (held[0], held[1], held[2], f, held[4], True)
+
+    def _prefill_off(self, f: _Flight) -> None:
+        self.prefill_tokens[f.target] -= f.prefill_tokens
+        f.prefill_tokens = 0
+
+    def _end(self, f: _Flight) -> None:
         t = f.target
         self.prefill_tokens[t] -= f.prefill_tokens
         self.active_requests[t] -= 1
@@ -209,17 +268,6 @@ class KvRouter(Router):
                     now = self.env.now
                     b.idle_since_ms = now
                     heapq.heappush(self._expiries, (now + self.ttl_ms, f.key, now))
-        self._to_drain.add(t)
-
-    def settle(self) -> None:
-        """A pass end's first tokens and ends are all in: release what waits for the targets
-        whose load dropped (the mocker applies a pass's signals before its queue moves)."""
-        if not self._to_drain:
-            return
-        targets = sorted(self._to_drain)
-        self._to_drain.clear()
-        for t in targets:
-            self._drain(t)
 
     def close_target(self, target: int) -> None:
         """`target` takes no more requests: bindings to it re-select at their next request."""

@@ -18,15 +18,21 @@ against the mocker's recorded runs, with
 
 The tolerances are the issue's targets; `test_mocker_spread_within_tolerance` checks that each
 of the mocker's own recorded runs lies within them of the mocker's mean, so the check is not
-tighter than the mocker is reproducible. Case d is the smallest reproducer of a difference
-servesim had (a queued request released at a pass end that also ends a request), deterministic
-on both sides; a case servesim is known to miss goes in KNOWN as a strict xfail.
+tighter than the mocker is reproducible. Cases d and e are the smallest reproducers of
+differences servesim had (d: a queued request released at a pass end that also ends a request;
+e: a pass end's first tokens applied one at a time, the queue re-examined after each),
+deterministic on both sides; a case the mocker replays the same way in every run keeps its
+per-request records (`requests.jsonl`, e), and every servesim request must then agree with the
+mocker's as in tests/golden/mocker (times to 0.1 ns), worker ids up to relabelling. A case
+servesim is known to miss goes in KNOWN as a strict xfail.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
+import sys
 from functools import cache
 from pathlib import Path
 from typing import Any, cast
@@ -35,6 +41,7 @@ import pytest
 from conftest import compare_dynamo_module
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
+from test_mocker_golden import TIME_FIELDS, join, same_time, servesim_records
 
 from model import RunConfig, simulate, validate_config
 
@@ -42,6 +49,7 @@ REPO = Path(__file__).resolve().parents[2]
 CONF_DIR = REPO / "conf"
 FIXTURES = Path(__file__).resolve().parent / "kv_router"
 CASES = sorted(p.parent.name for p in FIXTURES.glob("*/case.json"))
+PER_REQUEST = sorted(p.parent.name for p in FIXTURES.glob("*/requests.jsonl"))
 
 SEEDS = range(8)  # servesim router seeds averaged per case
 REUSE_ABS = 0.01
@@ -140,3 +148,45 @@ def test_compare_cli_translates_router_like_the_fixture(name: str) -> None:
     KvRouterConfig fields) from servesim's config; they must be exactly what the fixture's
     mocker runs were given."""
     assert compare_dynamo_module().mocker_kwargs(_config(name, 0)) == _case(name)["mocker_kwargs"]
+
+
+def _make_fixtures() -> Any:
+    """tests/golden/kv_router/make_fixtures.py (its worker relabelling)."""
+    spec = importlib.util.spec_from_file_location("kv_make_fixtures", FIXTURES / "make_fixtures.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("name", PER_REQUEST)
+def test_per_request_matches_mocker_kv_router(name: str, seed: int) -> None:
+    """A case the mocker replays identically in every run: each servesim request (any router
+    seed) agrees with the mocker's record: arrival, first token and end to 0.1 ns, reused
+    tokens, output length, status, and the worker once both sides' workers are numbered in
+    order of first use."""
+    relabel = _make_fixtures().relabel_workers
+    ours = relabel(servesim_records(simulate(_config(name, seed))))
+    text = (FIXTURES / name / "requests.jsonl").read_text()
+    ref = [json.loads(line) for line in text.splitlines() if line.strip()]
+    pairs, problems = join(ours, ref)
+    for s, m in pairs:
+        diffs = [f for f in TIME_FIELDS if f in m and not same_time(s[f], m[f])]
+        diffs += [
+            f
+            for f in (
+                "reused_input_tokens",
+                "output_length",
+                "terminal_status",
+                "decode_worker_idx",
+            )
+            if s[f] != m[f]
+        ]
+        if diffs:
+            problems.append(
+                f"arrival {m['arrival_time_ms']} in {m['input_length']}: "
+                + "; ".join(f"{f} servesim {s[f]} mocker {m[f]}" for f in diffs)
+            )
+    assert len(pairs) == len(ref) and not problems, f"{name}:\n  " + "\n  ".join(problems)

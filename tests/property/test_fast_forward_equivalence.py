@@ -644,14 +644,14 @@ SCENARIOS = [
     case("agentic-no-lanes", AGENTIC, ("plays",), topology={"num_workers": 2}),
     case(
         "agentic-stride-lanes",
-        dict(AGENTIC, agentic_lanes=2),
+        dict(AGENTIC, agentic_lanes=2, agentic_lane_assignment="stride"),
         ("plays",),
         topology={"num_workers": 2},
         output={"per_token": True},
     ),
     case(
         "agentic-shared-queue-lanes-small-kv",
-        dict(AGENTIC, agentic_lanes=3, agentic_lane_assignment="shared_queue"),
+        dict(AGENTIC, agentic_lanes=3),  # the default lane rule
         ("plays", "n_preemptions"),
         engine={"num_gpu_blocks": 16},
         topology={"num_workers": 1},

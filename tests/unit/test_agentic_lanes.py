@@ -119,7 +119,13 @@ def test_without_lanes_every_play_starts_at_its_authored_time(config, tmp_path):
 def test_stride_lanes_wait_for_their_own_play_to_settle(config, tmp_path):
     """2 lanes: lane 0 replays a then c (c waits for a to settle even though lane 1 is free
     after b); each play is rebased to its lane's start."""
-    res = run(config, write(tmp_path, three_plays()), workers=2, agentic_lanes=2)
+    res = run(
+        config,
+        write(tmp_path, three_plays()),
+        workers=2,
+        agentic_lanes=2,
+        agentic_lane_assignment="stride",
+    )
     t, end = times(res), times(res, "terminal_ms")
     assert t["a0"] == 0.0 and t["b0"] == 0.0
     assert end["a2"] == pytest.approx(12 + 100 + 12 + 100 + 12)
@@ -131,14 +137,13 @@ def test_stride_lanes_wait_for_their_own_play_to_settle(config, tmp_path):
 
 
 def test_shared_queue_lanes_take_the_next_unstarted_play(config, tmp_path):
-    res = run(
-        config,
-        write(tmp_path, three_plays()),
-        workers=2,
-        agentic_lanes=2,
-        agentic_lane_assignment="shared_queue",
-    )
+    """The default (Dynamo 1.6.1's mocker): lane 1 settles b first and takes c at once, while
+    lane 0 still works through a."""
+    res = run(config, write(tmp_path, three_plays()), workers=2, agentic_lanes=2)
+    assert res.config.workload.agentic_lane_assignment == "shared_queue"
+    assert res.summary["metadata"]["agentic_lane_assignment"] == "shared_queue"
     t, end = times(res), times(res, "terminal_ms")
+    assert t["c0"] < end["a2"]
     assert t["c0"] == pytest.approx(end["b0"])
     assert dict(zip(res.plays.play_id, res.plays.lane, strict=True)) == {"a": 0, "b": 1, "c": 1}
 

@@ -17,12 +17,9 @@ def trace(one_request_agentic_file):
 
 
 def test_lanes_and_execution_model_reach_the_mocker(trace):
+    """The default lane rule (shared_queue) is the mocker's: nothing to refuse."""
     cd = compare_dynamo_module()
-    over = [
-        "workload=agentic_mooncake",
-        "workload.agentic_lanes=8",
-        "workload.agentic_lane_assignment=shared_queue",
-    ]
+    over = ["workload=agentic_mooncake", "workload.agentic_lanes=8"]
     cfg = cd.compose_run_config(trace, 2, over)
     kwargs = cd.mocker_kwargs(cfg)
     assert kwargs["trace_format"] == "agentic_mooncake"
@@ -36,6 +33,7 @@ def test_what_the_mocker_cannot_replay_is_named(trace):
     over = [
         "workload=agentic_mooncake",
         "workload.agentic_lanes=2",
+        "workload.agentic_lane_assignment=stride",
         "+workload.agentic_snapshot.seed=1",
     ]
     cfg = cd.compose_run_config(trace, 1, over)

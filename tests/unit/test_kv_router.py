@@ -275,6 +275,40 @@ def test_queue_wait_is_recorded():
     assert row[5] == 5.0
 
 
+@pytest.mark.parametrize(("admitted", "q_target"), [("ab", 1), ("ba", 0)])
+def test_a_pass_ends_first_tokens_apply_one_at_a_time_in_running_order(admitted, q_target):
+    """Dynamo's replay applies a pass end's signals one by one in batch (running) order and
+    re-examines the queue after each. Busy above 8 tokens, prefill_load_scale 10. Target 0
+    caches blocks 1-8 and 40-47; d (32 tokens, 40-47) runs there with nothing to prefill;
+    a (41 tokens, blocks 1-10) is charged 9 and b (36 tokens, blocks 1-8 and 11) 4 on target
+    0 (load 13); c (9 tokens) 9 on target 1: both busy, q (4 tokens) waits. Target 0's pass
+    gives a and b their first tokens (signals arriving b first). Admitted a then b: a's alone
+    frees target 0 (load 4), and q sees b's 4 tokens there: 10 x 8/4 + 19 + 1 = 40 against
+    target 1's 10 x 13/4 + 2 + 1 = 35.5, so it goes to 1 (with both applied target 0 would
+    cost 30). Admitted b then a: b's leaves 9 (busy), a's frees it at 0: q goes to 0."""
+    _, router, sent = make_router(queue_threshold=1.0, prefill_load_scale=10.0)
+    store(router, 0, [*range(1, 9), *range(40, 48)])
+    d = req(32, range(40, 48), rid="d")
+    a = req(41, range(1, 11), rid="a")
+    b = req(36, [*range(1, 9), 11], rid="b")
+    c = req(9, [20, 21], rid="c")
+    q = req(4, [30], rid="q")
+    for r in (d, a, b, c, q):
+        router.submit(r)
+    assert sent == [("d", 0, 0), ("a", 0, 0), ("b", 0, 0), ("c", 1, 0)] and router.has_waiting
+    assert router.prefill_tokens == [13, 9]
+    order = {"a": a, "b": b}
+    for r in (d, order[admitted[0]], order[admitted[1]], c):
+        router.admitted(r)
+    router.prefill_done(b)
+    router.prefill_done(a)
+    assert router.prefill_tokens == [13, 9] and len(sent) == 4  # held until settle
+    router.settle()
+    assert sent[4] == ("q", q_target, 0)
+    assert router.prefill_tokens == ([0, 13] if q_target else [4, 9])  # q's 4 tokens
+    assert not router.has_waiting
+
+
 # ---------------------------------------------------------------------- affinity
 
 

@@ -4,7 +4,11 @@ Each case directory holds a small seeded Mooncake trace with shared prefixes (ge
 never copied from a shared trace), `case.json` (servesim Hydra overrides and the exact keyword
 arguments given to the mocker, `router_config` as the JSON of its `KvRouterConfig`),
 `summary.json` (the first mocker run's summary) and `runs.json` (the compared metrics of
-`--runs` mocker runs of the same case, and their mean, min and max).
+`--runs` mocker runs of the same case, and their mean, min and max). A case the mocker replays
+the same way every run (`per_request`) also keeps `requests.jsonl`: the mocker's per-request
+records (`report_jsonl_path`), trimmed as tests/golden/mocker trims them, with worker ids
+renumbered in order of first use (a tie on an empty cluster, which the mocker breaks at random,
+only relabels workers); the script stops if two runs differ in anything else.
 
     /work/venvs/mocker/bin/python tests/golden/kv_router/make_fixtures.py           # all
     /work/venvs/mocker/bin/python tests/golden/kv_router/make_fixtures.py --runs 20 a_families_2w
@@ -64,9 +68,10 @@ def _mocker_fixtures() -> Any:
     return module
 
 
+MOCKER_FIXTURES = _mocker_fixtures()
 # The mocker's defaults (ai-dynamo-runtime 1.6.1, vLLM backend), as tests/golden/mocker writes
 # them, so each case.json states exactly what the mocker was given.
-DEFAULT_ENGINE: dict[str, Any] = dict(_mocker_fixtures().DEFAULT_ENGINE)
+DEFAULT_ENGINE: dict[str, Any] = dict(MOCKER_FIXTURES.DEFAULT_ENGINE)
 # servesim's conf/router/kv.yaml, in the mocker's field names (compare_dynamo's translation)
 DEFAULT_ROUTER: dict[str, Any] = {
     "overlap_score_credit": 1.0,
@@ -147,6 +152,7 @@ class Case:
     router: dict[str, Any] = field(default_factory=dict)  # changes to DEFAULT_ROUTER
     kv_event_lag_ms: float = 0.0
     servesim_overrides: tuple[str, ...] = ()  # the same changes, as servesim overrides
+    per_request: bool = False  # deterministic in the mocker: keep its records (requests.jsonl)
 
     def mocker_kwargs(self) -> dict[str, Any]:
         """`run_mocker_trace_replay`'s keyword arguments (trace list aside), exactly as
@@ -176,6 +182,10 @@ class Case:
         ]
 
 
+def _row(t: int, n_in: int, n_out: int, ids: list[int]) -> Row:
+    return {"timestamp": t, "input_length": n_in, "output_length": n_out, "hash_ids": ids}
+
+
 def same_instant_release_trace() -> list[Row]:
     """Five requests on 2 workers (fixed timing 10 / 1.5 ms, queue threshold 0.05: a target
     is busy above 409.6 uncached prompt tokens in flight) where one pass end on worker X gives
@@ -183,27 +193,46 @@ def same_instant_release_trace() -> list[Row]:
     X at that instant depends on whether R1's blocks still count (README.md)."""
     p = list(range(6))
     return [
-        # R0: caches P (6 blocks) on X
-        {"timestamp": 0, "input_length": 384, "output_length": 1, "hash_ids": p},
-        # R1: 4 blocks on X (1 shared with P); its 5th and last token comes at 37.0
-        {"timestamp": 11, "input_length": 256, "output_length": 5, "hash_ids": [0, 10, 11, 12]},
+        _row(0, 384, 1, p),  # R0: caches P (6 blocks) on X
+        _row(11, 256, 5, [0, 10, 11, 12]),  # R1: 4 blocks on X (1 shared); last token at 37.0
         # R2: P + 7 blocks on X, 448 tokens uncached (X busy); first token at 37.0
-        {
-            "timestamp": 25,
-            "input_length": 832,
-            "output_length": 20,
-            "hash_ids": [*p, *range(20, 27)],
-        },
-        # R3: 7 fresh blocks on Y, prefilling 32-42 (Y busy at 37)
-        {
-            "timestamp": 32,
-            "input_length": 448,
-            "output_length": 20,
-            "hash_ids": list(range(30, 37)),
-        },
+        _row(25, 832, 20, [*p, *range(20, 27)]),
+        _row(32, 448, 20, list(range(30, 37))),  # R3: 7 fresh blocks on Y, prefilling 32-42
         # Q: 2 fresh blocks; both targets busy at 34, so it waits until X frees at 37
-        {"timestamp": 34, "input_length": 128, "output_length": 5, "hash_ids": [40, 41]},
+        _row(34, 128, 5, [40, 41]),
     ]
+
+
+def first_tokens_one_at_a_time_trace() -> list[Row]:
+    """Five requests on 2 workers (as in case d) where one pass end on worker X gives A and B
+    their first tokens while Q waits: A's signal alone frees X (B's 384 tokens are not above
+    409.6), so Q is routed with B's prefill still on X (README.md)."""
+    p = list(range(20))  # P: 20 blocks, cached on X by R0
+    return [
+        _row(0, 1280, 1, p),  # R0: caches P on X (first and last token at 10)
+        # A: P + 7 blocks, 448 tokens uncached (X busy); first token at 30
+        _row(20, 1728, 20, [*p, *range(100, 107)]),
+        # B: P + 6 blocks, 384 tokens uncached, on X by its overlap; same pass as A, after it
+        _row(20, 1664, 20, [*p, *range(200, 206)]),
+        # R: 18 fresh blocks (1,152 tokens) on Y, prefilling 22-32 (Y busy at 30)
+        _row(22, 1152, 20, list(range(300, 318))),
+        # Q: 2 fresh blocks; both targets busy at 25, so it waits until X's pass ends at 30
+        _row(25, 128, 5, [400, 401]),
+    ]
+
+
+# cases d and e: 2 workers, fixed timing 10 / 1.5 ms, a target busy above 0.05 x 8192 tokens
+SMALL_QUEUE: dict[str, Any] = {
+    "num_workers": 2,
+    "engine": {"timing_model": {"type": "fixed", "prefill_ms": 10.0, "decode_ms": 1.5}},
+    "router": {"router_queue_threshold": 0.05},
+    "servesim_overrides": (
+        "timing=fixed",
+        "timing.prefill_ms=10.0",
+        "timing.decode_ms=1.5",
+        "router.queue_threshold=0.05",
+    ),
+}
 
 
 CASES = [
@@ -239,15 +268,16 @@ CASES = [
         "request released at a pass end that also ends another request (a difference "
         "servesim had, fixed)",
         same_instant_release_trace,
-        num_workers=2,
-        engine={"timing_model": {"type": "fixed", "prefill_ms": 10.0, "decode_ms": 1.5}},
-        router={"router_queue_threshold": 0.05},
-        servesim_overrides=(
-            "timing=fixed",
-            "timing.prefill_ms=10.0",
-            "timing.decode_ms=1.5",
-            "router.queue_threshold=0.05",
-        ),
+        **SMALL_QUEUE,
+    ),
+    Case(
+        "e_first_tokens_one_at_a_time",
+        "5 requests, 2 workers, fixed timing 10 / 1.5 ms, queue threshold 0.05: one pass end "
+        "gives two requests their first tokens while a request waits; the first one's signal "
+        "releases it, before the second's is applied",
+        first_tokens_one_at_a_time_trace,
+        per_request=True,
+        **SMALL_QUEUE,
     ),
 ]
 
@@ -263,25 +293,53 @@ def write_trace(rows: list[Row], path: Path) -> None:
     path.write_text(text)
 
 
+def relabel_workers(records: list[Row]) -> list[Row]:
+    """`records` in the golden order (tests/golden/mocker's sort key), with decode worker ids
+    renumbered 0, 1, ... in order of first use."""
+    out = sorted(records, key=MOCKER_FIXTURES._sort_key)
+    labels: dict[int, int] = {}
+    for rec in out:
+        w = rec["decode_worker_idx"]
+        if w is not None:
+            rec["decode_worker_idx"] = labels.setdefault(w, len(labels))
+    return out
+
+
 def run_mocker(case: Case, case_dir: Path, runs: int) -> None:
     import dynamo._core as core  # only in the mocker's environment
 
     kwargs = case.mocker_kwargs()
     records = []
     first: dict[str, Any] = {}
+    first_requests: list[Row] = []
     wall = 0.0
+    raw = case_dir / "requests.raw.jsonl"
     for i in range(runs):
         # a fresh KvRouterConfig per run (the replay takes it by value)
         cfg = core.KvRouterConfig.from_json(json.dumps(kwargs["router_config"]))
+        report = {"report_jsonl_path": str(raw)} if case.per_request else {}
         t0 = time.perf_counter()
         result = core.run_mocker_trace_replay(
-            [str(case_dir / "trace.jsonl")], **{**kwargs, "router_config": cfg}
+            [str(case_dir / "trace.jsonl")], **{**kwargs, "router_config": cfg, **report}
         )
         wall += time.perf_counter() - t0
         summary = dict(result.summary)
         if i == 0:
             first = {k: v for k, v in summary.items() if k not in WALL_KEYS}
         records.append({k: summary[k] for k in RUN_KEYS})
+        if case.per_request:
+            fields = MOCKER_FIXTURES.REQUEST_FIELDS
+            lines = raw.read_text().splitlines()
+            raw.unlink()
+            recs = relabel_workers([{f: json.loads(x)[f] for f in fields} for x in lines if x])
+            if i == 0:
+                first_requests = recs
+            elif recs != first_requests:
+                raise SystemExit(f"{case.name}: mocker run {i} differs from run 0 per request")
+    if case.per_request:
+        (case_dir / "requests.jsonl").write_text(
+            "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in first_requests)
+        )
     version = f"ai-dynamo-runtime {metadata.version('ai-dynamo-runtime')}"
     first["_mocker_version"] = version
     (case_dir / "summary.json").write_text(json.dumps(first, indent=1) + "\n")

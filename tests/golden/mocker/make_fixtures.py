@@ -617,6 +617,47 @@ def agentic_trace(seed: int = 7, n_plays: int = 12) -> list[Row]:
     return rows
 
 
+def agentic_lanes_trace(seed: int = 8, n_plays: int = 24, n_lanes: int = 8) -> list[Row]:
+    """An agentic Mooncake v2 file of `n_plays` plays of very different lengths, so that the
+    lane rule decides the run: every `n_lanes`-th play (p0, p8, p16 with 8 lanes: exactly the
+    plays stride gives lane 0) is long, 7-9 main turns with tool waits of 150-400 ms; the others
+    are short, 1-2 turns with waits of 10-60 ms. Each play is one main agent over a growing
+    context behind a 128-token system prompt every play shares; plays are authored 50 ms
+    apart (lanes rebase them). Play ids are zero-padded so id order is play order."""
+    rng = random.Random(seed)
+    next_id = [5000]
+    rows: list[Row] = [AGENTIC_HEADER]
+    for p in range(n_plays):
+        play = f"p{p:02d}"
+        long = p % n_lanes == 0
+        n_turns = rng.randint(7, 9) if long else rng.randint(1, 2)
+        n_in = 128 + rng.randint(64, 400)
+        ids = [1, 2, *_hash_ids(next_id, -(-n_in // 64) - 2)]
+        prev: str | None = None
+        for k in range(n_turns):
+            rid = f"{play}:m{k}"
+            wait = rng.randint(150, 400) if long else rng.randint(10, 60)
+            out = rng.randint(5, 40)
+            deps = [] if prev is None else [_dep(prev, "completion", wait, "sequence")]
+            rows.append(
+                {
+                    "request_id": rid,
+                    "play_id": play,
+                    "session_id": f"{play}:main",
+                    "model": "source-model",
+                    "input_length": n_in,
+                    "output_length": out,
+                    "hash_ids": list(ids),
+                    "not_before_ms": p * 50.0,
+                    "dependencies": deps,
+                }
+            )
+            n_in += out + rng.randint(16, 200)
+            ids += _hash_ids(next_id, -(-n_in // 64) - len(ids))
+            prev = rid
+    return rows
+
+
 def _dep(rid: str, trigger: str, delay: float, relation: str) -> Row:
     return {"request_id": rid, "trigger": trigger, "delay_ms": delay, "relation": relation}
 
@@ -732,10 +773,8 @@ class Case:
             return out
         out[out.index("workload=mooncake")] = "workload=agentic_mooncake"
         if self.agentic_lanes is not None:
-            out += [
-                f"workload.agentic_lanes={self.agentic_lanes}",
-                "workload.agentic_lane_assignment=shared_queue",  # the mocker's lane rule
-            ]
+            # the default lane rule (shared_queue) is the mocker's: no override
+            out.append(f"workload.agentic_lanes={self.agentic_lanes}")
         return out
 
     def _cluster_overrides(self) -> list[str]:
@@ -1082,6 +1121,17 @@ CASES = [
         servesim_overrides=("engine.max_model_len=1024",),
         agentic=True,
         agentic_lanes=1,
+    ),
+    Case(
+        "zz5_agentic_lanes8_shared_queue",
+        "24 plays of very different lengths (p0, p8, p16 of 7-9 turns, the rest of 1-2) on 8 "
+        "lanes, 2 workers: a lane whose play settles takes the next unstarted play (stride "
+        "would give lane 0 all three long plays)",
+        agentic_lanes_trace,
+        num_workers=2,
+        trace_block_size=64,
+        agentic=True,
+        agentic_lanes=8,
     ),
 ]
 
