@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from model.config.errors import ConfigError
-from model.config.schema import LlmConfig, RunConfig, VllmEngineConfig
+from model.config.schema import DisaggTopology, LlmConfig, RunConfig, VllmEngineConfig
 
 # NVFP4: 4-bit values plus one FP8 scale per 16 (4.5 bits)
 DTYPE_BYTES: dict[str, float] = {
@@ -130,6 +130,51 @@ def role_engines(cfg: RunConfig) -> dict[str, VllmEngineConfig]:
             "it nothing is resident, so say full_prompt"
         )
     return engines
+
+
+# The most engine ranks (one scheduler and KV pool each) one run simulates. Every worker and
+# rank is built in full at the start whether or not requests reach it, each worker with its
+# own decode-price table (one slot per KV token of its pool, in separately mapped memory):
+# 100,000 workers took 5.7 GB and, under experiment=dynamo_compat, failed an allocation at
+# about 32,000 (each table took two of the kernel's 65,530 memory maps a process may hold).
+# Ranks cost time too: a worker's pass visits each of its ranks, and one request on one worker
+# of dp_size 100,000 took 237 s. 10,000 workers build in about 4 s in 250 MB.
+MAX_ENGINE_RANKS = 10_000
+
+
+def check_cluster_size(cfg: RunConfig) -> None:
+    """At most MAX_ENGINE_RANKS engine ranks: workers x dp_size, summed over the P/D pools."""
+    topo = cfg.topology
+    pools: list[tuple[str, int, str, int]]  # (workers key, workers, dp key, dp_size)
+    if isinstance(topo, DisaggTopology):
+        engines = role_engines(cfg)
+        pools = [
+            (
+                "topology.num_prefill_workers",
+                topo.num_prefill_workers,
+                "topology.prefill.dp_size",
+                engines["prefill"].dp_size,
+            ),
+            (
+                "topology.num_decode_workers",
+                topo.num_decode_workers,
+                "topology.decode.dp_size",
+                engines["decode"].dp_size,
+            ),
+        ]
+    else:
+        pools = [("topology.num_workers", topo.num_workers, "engine.dp_size", cfg.engine.dp_size)]
+    ranks = sum(n * dp for _, n, _, dp in pools)
+    if ranks <= MAX_ENGINE_RANKS:
+        return
+    terms = " + ".join(f"{w} x {d}" for w, _, d, _ in pools)
+    values = " + ".join(f"{n} x {dp}" for _, n, _, dp in pools)
+    raise ValueError(
+        f"{terms} = {values} = {ranks:,} engine ranks; at most {MAX_ENGINE_RANKS:,} can be "
+        "simulated (every rank is built in full at the start, scheduler and KV pool, whether "
+        "requests reach it or not: 100,000 workers take 6 GB and can fail to allocate); "
+        "simulate a share of the cluster with the same share of the load"
+    )
 
 
 def cache_layout(cfg: RunConfig, engine: VllmEngineConfig) -> tuple[int, int]:

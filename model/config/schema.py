@@ -710,6 +710,13 @@ class RunConfig(Schema):
         return self
 
     @model_validator(mode="after")
+    def _cluster_size_bounded(self) -> RunConfig:
+        from model.config.derived import check_cluster_size
+
+        check_cluster_size(self)
+        return self
+
+    @model_validator(mode="after")
     def _tiers_supported(self) -> RunConfig:
         from model.config.derived import check_kv_tiers  # the rules live with the geometry
 

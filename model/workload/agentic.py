@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
-from model.workload.errors import TraceError, existing
+from model.workload.errors import TraceError, check_utf8, existing, open_text
 from model.workload.mooncake import _ms, parse_row
 
 __all__ = [
@@ -132,7 +132,7 @@ def _text(obj: dict[str, Any], key: str, where: str, required: bool = True) -> s
 
 
 def _utf8(path: Path) -> TextIO:
-    return path.open(encoding="utf-8")
+    return open_text(path)
 
 
 def _optional_ms(obj: dict[str, Any], key: str, where: str) -> float | None:
@@ -141,15 +141,17 @@ def _optional_ms(obj: dict[str, Any], key: str, where: str) -> float | None:
 
 
 def _lines(
-    path: Path, open_text: Callable[[Path], TextIO] | None = None
+    path: Path, opener: Callable[[Path], TextIO] | None = None
 ) -> list[tuple[int, dict[str, Any]]]:
-    """The non-blank lines of a JSON Lines file as (line number, object); `open_text` opens
-    it as text (default: UTF-8)."""
+    """The non-blank lines of a JSON Lines file as (line number, object); `opener` opens it
+    as text with bytes that are not UTF-8 escaped (default: `errors.open_text`); such a byte
+    is an error naming its line."""
     out = []
-    with (open_text or _utf8)(path) as fh:
+    with (opener or _utf8)(path) as fh:
         for line_no, text in enumerate(fh, start=1):
             if not text.strip():
                 continue
+            check_utf8(text, f"{path}:{line_no}")
             try:
                 obj = json.loads(text)
             except json.JSONDecodeError as e:

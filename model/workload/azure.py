@@ -13,7 +13,16 @@ from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from model.workload.errors import SkipCounter, TraceError, TraceRow, bounded, existing
+from model.workload.errors import (
+    SkipCounter,
+    TraceError,
+    TraceRow,
+    bounded,
+    existing,
+    not_utf8,
+    open_text,
+    utf8_message,
+)
 
 COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 
@@ -42,6 +51,19 @@ def _count(value: str, what: str, where: str, minimum: int) -> int:
     return n
 
 
+def _check_utf8(fields: list[str], names: list[str], where: str) -> None:
+    """A TraceError at `where` if a field holds a byte that is not UTF-8 (fields are read by
+    `open_text`)."""
+    for k, text in enumerate(fields):
+        bad = not_utf8(text)
+        if bad is not None:
+            byte, offset = bad
+            name = f" ({names[k]})" if k < len(names) else ""
+            head = fields[0][:2].encode("utf-8", "surrogateescape")
+            message = utf8_message(byte, offset, f"field {k + 1}{name}", head)
+            raise TraceError(f"{where}: {message}")
+
+
 def read_azure(
     path: str | Path,
     skip_malformed: bool = False,
@@ -57,11 +79,12 @@ def _rows(path: Path, skip_malformed: bool, skipped: SkipCounter | None) -> Iter
     skipped = skipped if skipped is not None else SkipCounter()
     t0: int | None = None
     last = -1
-    with path.open(encoding="utf-8-sig", newline="") as fh:
+    with open_text(path, encoding="utf-8-sig", newline="") as fh:
         reader = csv.reader(fh)
         header = next(reader, None)
         if header is None:
             return
+        _check_utf8(header, [], f"{path}:{reader.line_num}")
         header = [h.strip() for h in header]
         if tuple(header[:3]) != COLUMNS:
             raise TraceError(f"{path}:1: expected header {','.join(COLUMNS)}, got {header}")
@@ -71,6 +94,8 @@ def _rows(path: Path, skip_malformed: bool, skipped: SkipCounter | None) -> Iter
                 continue
             where = f"{path}:{line}"
             try:
+                if not "".join(fields).isascii():  # one flag test for the usual ASCII row
+                    _check_utf8(fields, header, where)
                 if len(fields) < 3:
                     raise TraceError(f"{where}: expected 3 fields, got {len(fields)}")
                 try:

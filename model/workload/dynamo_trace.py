@@ -68,7 +68,7 @@ from model.workload.agentic import (
     _index,
     _lines,
 )
-from model.workload.errors import TraceError, TraceRow, existing
+from model.workload.errors import TraceError, TraceRow, existing, open_text
 from model.workload.mooncake import _int, _ms, non_negative_ints, parse_row
 
 __all__ = ["SCHEMA", "DynamoRows", "read_dynamo_trace", "trace_block_size_of"]
@@ -213,9 +213,10 @@ def read_dynamo_trace(
 
 
 def _open(file: Path) -> TextIO:
+    """A shard as text, bytes that are not UTF-8 escaped for `_lines` to report by line."""
     if file.suffix == ".gz":
-        return gzip.open(file, "rt", encoding="utf-8")
-    return file.open(encoding="utf-8")
+        return gzip.open(file, "rt", encoding="utf-8", errors="surrogateescape")
+    return open_text(file)
 
 
 def _records(file: Path) -> list[tuple[int, dict[str, Any]]]:

@@ -8,8 +8,9 @@ ms after the previous turn completes; not allowed on a first turn; when absent o
 the difference of the two turns' timestamps), `request_id`. Unknown fields are ignored.
 
 The reader streams: it parses one line at a time and yields validated rows with their line
-numbers. Every problem is a `TraceError` naming the file and line; with `skip_malformed` a bad
-row is skipped and counted instead.
+numbers. Every problem is a `TraceError` naming the file and line (a byte that is not UTF-8,
+anywhere in the row, included); with `skip_malformed` a bad row is skipped and counted
+instead.
 """
 
 from __future__ import annotations
@@ -20,7 +21,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from model.workload.errors import SkipCounter, TraceError, TraceRow, bounded, existing
+from model.workload.errors import (
+    SkipCounter,
+    TraceError,
+    TraceRow,
+    bounded,
+    check_utf8,
+    existing,
+    open_text,
+)
 
 __all__ = ["SkipCounter", "TraceRow", "read_mooncake"]
 
@@ -128,12 +137,14 @@ def _rows(
     skipped = skipped if skipped is not None else SkipCounter()
     sessions_seen: set[str] = set()
     last_first_turn_ms = -math.inf
-    with path.open(encoding="utf-8") as fh:
+    with open_text(path) as fh:
         for line_no, text in enumerate(fh, start=1):
             if not text.strip():
                 continue
             where = f"{path}:{line_no}"
             try:
+                if not text.isascii():  # the common all-ASCII row pays one flag test
+                    check_utf8(text, where)
                 try:
                     obj = json.loads(text)
                 except json.JSONDecodeError as e:

@@ -77,7 +77,7 @@ from model.workload.agentic import (
     _index,
     _lines,
 )
-from model.workload.errors import TraceError, existing
+from model.workload.errors import TraceError, existing, read_utf8
 from model.workload.mooncake import _int, _ms
 
 __all__ = ["NESTED_TIMESTAMP_BASES", "read_weka"]
@@ -206,13 +206,13 @@ def _walk(folder: Path, out: list[Path]) -> None:
         if entry.is_dir():
             _walk(entry, out)
         elif entry.is_file() and entry.suffix in SUFFIXES:
-            out.append(entry)
+            out.append(existing(entry))  # one that cannot be read is named, with why
 
 
 def _play_objects(file: Path) -> list[tuple[int, dict[str, Any]]]:
     if file.suffix == ".jsonl":
         return _lines(file)
-    text = file.read_text(encoding="utf-8")
+    text = read_utf8(file)
     if not text.strip():
         return []
     line = text[: len(text) - len(text.lstrip())].count("\n") + 1  # where the object starts
