@@ -563,6 +563,12 @@ class VllmScheduler:
                     continue
             seq = req.seq_len
             hashes, hit, hit_active = self._prefix_hit(req)
+            if budget == 0 and seq > hit * bs:
+                break  # no room in this pass (and no lookup below G1)
+            if self.tiers is not None and req.host_store is None:
+                # looking a request up refreshes its prompt's blocks in G2 (vLLM's connector
+                # touches them), whether it is admitted or not
+                self.tiers.g2.touch(req.prompt_hashes)
             needed = -(-seq // bs) - hit_active
             if needed > pool.free_blocks:
                 if -(-seq // bs) > pool.capacity_blocks:
@@ -636,13 +642,16 @@ class VllmScheduler:
         `req` out of the queue. DEFERRED when a block of that run is still on its way (a load
         into this pool, or a store into G2); NO_COPY when there is nothing to copy. The caller
         has checked that the whole sequence's blocks fit."""
-        assert self.tiers is not None
+        tiers = self.tiers
+        assert tiers is not None
+        if req.host_store is not None:
+            return DEFERRED  # its own prompt is still being stored: looked up once it landed
         bs = self.block_size
         stop = (seq - 1) // bs if req.num_output_tokens < req.output_length else seq // bs
         stop = min(stop, len(hashes))
         if stop <= hit:
             return NO_COPY
-        n_host, n_disk, on_the_way = self.tiers.lookup(hashes, hit, stop)
+        n_host, n_disk, on_the_way = tiers.lookup(hashes, hit, stop)
         keys = hashes[hit : hit + n_host + n_disk]
         loading = self.loading_blocks
         if on_the_way or (loading and any(h in loading for h in keys)):
@@ -654,7 +663,6 @@ class VllmScheduler:
             pool.acquire(req, hashes[:hit])
         # G1 blocks for what the copy brings (the rest are taken when it is admitted); a block
         # a store to G2 is still reading delays the copy until that store lands
-        tiers = self.tiers
         n_disk = tiers.reserve_load(keys[:n_host], keys[n_host:])
         if not pool.allocate(req, n_host + n_disk):  # pragma: no cover - checked by caller
             raise RuntimeError(f"load check passed but allocation failed for {req}")

@@ -117,7 +117,6 @@ class TierPool:
                 continue
             seen.add(k)
             missing.append(k)
-        self.touch(keys)
         if not missing:
             return []
         short = len(missing) - self.free_blocks
@@ -235,6 +234,7 @@ class RankTiers:
         admitted = self.g2.reserve(keys)
         if not admitted:
             return admitted is not None
+        self.g2.touch(req.prompt_hashes)  # a store refreshes the whole prompt's blocks
         wanted = set(admitted)
         g1_keys = [req.held_hashes[j] for j in range(start, stop) if keys[j - start] in wanted]
         assert self.rank is not None and self.worker is not None
@@ -286,6 +286,7 @@ class RankTiers:
         g3 = self.g3
         if g3 is None or self.g2_to_g3 is None:
             return
+        g3.touch(keys)
         admitted = g3.reserve(keys)
         if not admitted:
             return
@@ -337,8 +338,10 @@ class RankTiers:
         """Hold what a load of `host_keys` (in G2) and `disk_keys` (in G3) reads: the G2 blocks,
         and room in G2 to stage the G3 ones; returns how many G3 blocks G2 could take (the
         first ones; the others are recomputed)."""
-        self.g2.pin(host_keys)
-        staged = (self.g2.reserve(disk_keys) if disk_keys else None) or []
+        g2 = self.g2
+        g2.pin(host_keys)
+        g2.touch(disk_keys)
+        staged = (g2.reserve(disk_keys) if disk_keys else None) or []
         if staged:
             assert self.g3 is not None
             self.g3.pin(staged)
