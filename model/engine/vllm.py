@@ -63,7 +63,9 @@ class Batch:
     running order. Prefill work counts prompt positions only; decode items are requests that
     caught up and still owe output, except a request whose first token comes from this
     pass's prefill (it adds no decode time). `others` are the items that are not a running
-    request's plain decode step (those `schedule` counts as it forms them). `fences` are the
+    request's plain decode step (those `schedule` counts as it forms them). With KV tiers,
+    `stores` are the copies to G2 of the prompt blocks this pass completes, prepared (room
+    taken in G2) as it is formed and started at its end. `fences` are the
     stores to G2 of the requests this pass preempted that are still in flight: the pass
     computes once they have landed (vLLM flushes a preempted request's stores before its
     blocks are reused; Dynamo's mocker holds the worker's next pass until then).
@@ -82,6 +84,7 @@ class Batch:
         "active_blocks",
         "rejected",
         "fences",
+        "stores",
     )
 
     def __init__(self) -> None:
@@ -97,6 +100,7 @@ class Batch:
         self.active_blocks = 0
         self.rejected: list[tuple[Request, str]] = []
         self.fences: list[Any] = []  # simpy events (the scheduler itself knows no SimPy)
+        self.stores: list[Any] = []  # copies to G2 prepared as the pass was formed (KV tiers)
 
 
 class Stretch:
@@ -244,6 +248,8 @@ class VllmScheduler:
             return outcome
         req.num_computed_tokens = eff + want
         self._register_full(req)
+        if self.tiers is not None:
+            self.tiers.prepare_store(req, batch)
         before = min(eff, prompt_len)
         item = (req, want, min(eff + want, prompt_len) - before, before)
         batch.items.append(item)
@@ -315,13 +321,11 @@ class VllmScheduler:
             while i < k_max:
                 allocs.append((i, order))
                 i += bs
-        # nothing frees a block during the stretch: the first allocation past the free blocks
-        # would fail, and its pass preempts; one that would evict a block a copy to G2 is still
-        # reading fences its pass (left to `schedule`, with only empty blocks taken before it)
-        free = pool.n_empty if pool.n_pinned_inactive else pool.free_blocks
-        if len(allocs) > free:
+        if len(allocs) > pool.free_blocks:
             allocs.sort()
-            k_max = allocs[free][0]
+            # nothing frees a block during the stretch: the first allocation past the free
+            # blocks would fail, and its pass preempts
+            k_max = allocs[pool.free_blocks][0]
             if k_max == 0:
                 return None
         ends = decode_ends(n, sum_ctx, k_max)
@@ -738,6 +742,8 @@ class VllmScheduler:
         item = (req, 0, 0, req.input_length)
         batch.items.append(item)
         batch.others.append(item)
+        if self.tiers is not None:
+            self.tiers.prepare_store(req, batch)
 
     def _admit_delivered(self, batch: Batch, now_ms: float, start: int) -> None:
         """Admit the delivered requests among waiting[start:], in queue order, past the

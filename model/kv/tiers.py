@@ -217,29 +217,40 @@ class RankTiers:
 
     # ------------------------------------------------------------------ G1 -> G2 (-> G3)
 
-    def store_pass(self, batch: Batch) -> None:
-        """At a pass end (before finished requests let go of their blocks): copy each
-        request's newly completed prompt blocks to G2."""
-        bs = self.block_size
-        for req, _n, _p, _b in batch.items:  # one item per request
-            n_full = min(req.num_computed_tokens, req.input_length) // bs
-            start = req.host_cursor
-            if n_full > start and self._store(req, start, n_full):
-                req.host_cursor = n_full
-
-    def _store(self, req: Request, start: int, stop: int) -> bool:
-        """Copy blocks start..stop of `req`'s prompt to what G2 lacks of them; False when G2
-        has no room for them all (nothing copied: the next pass end tries again)."""
-        keys = req.prompt_hashes[start:stop]
+    def prepare_store(self, req: Request, batch: Batch) -> None:
+        """As a pass is formed: the prompt blocks it completes for `req` (since its last
+        store; the cursor is kept across preemptions) get room in G2 for what G2 lacks of
+        them, their G1 blocks pinned, and the copy joins the pass's `stores` (started at its
+        end). When G2 has no room for them all nothing is copied and a later pass tries
+        again."""
+        n_full = min(req.num_computed_tokens, req.input_length) // self.block_size
+        start = req.host_cursor
+        if n_full <= start:
+            return
+        keys = req.prompt_hashes[start:n_full]
         admitted = self.g2.reserve(keys)
+        if admitted is None:
+            return
+        req.host_cursor = n_full
         if not admitted:
-            return admitted is not None
+            return
         self.g2.touch(req.prompt_hashes)  # a store refreshes the whole prompt's blocks
         wanted = set(admitted)
-        g1_keys = [req.held_hashes[j] for j in range(start, stop) if keys[j - start] in wanted]
+        g1_keys = [req.held_hashes[j] for j in range(start, n_full) if keys[j - start] in wanted]
+        assert self.rank is not None
+        self.rank.pool.pin(g1_keys)
+        batch.stores.append((req, admitted, g1_keys))
+
+    def store_pass(self, batch: Batch) -> None:
+        """At a pass end (before finished requests let go of their blocks): start the copies
+        to G2 the pass prepared."""
+        for req, admitted, g1_keys in batch.stores:
+            self._store(req, admitted, g1_keys)
+
+    def _store(self, req: Request, admitted: list[int], g1_keys: list[Any]) -> None:
+        """Copy `req`'s prompt blocks `admitted` (G1 blocks `g1_keys`, pinned) to G2."""
         assert self.rank is not None and self.worker is not None
         pool = self.rank.pool
-        pool.pin(g1_keys)
         worker = self.worker
         store_of = self.store_of
         done = self.d2h.submit(
@@ -275,7 +286,6 @@ class RankTiers:
         req.host_store = done
         for k in g1_keys:
             store_of[k] = done
-        return True
 
     def landings(self, keys: list[Any]) -> list[simpy.Event]:
         """The landings of the stores reading the G1 blocks `keys` (those still in flight)."""

@@ -154,24 +154,13 @@ PD_COMMITTED = (
 )
 
 
-# Issue 25's shared host pool reproducer (case zx5; README.md in tests/golden/mocker gives the
-# timeline): it differs per request, in the summary and in committed prefill tokens.
-ZX_SHARED_IN_FLIGHT = (
-    "cluster-shared host pool: the mocker reserves a pass's stores when the pass starts, so "
-    "another worker's request whose prefix continues into a block still being computed waits "
-    "for the store to land and loads it; and a landed store is readable by other workers at "
-    "once, not at the storing worker's next pass end (servesim: no reuse for B and C)"
-)
-KNOWN_PER_REQUEST: dict[str, str] = {
-    "zx5_shared_pool_in_flight": ZX_SHARED_IN_FLIGHT,
-}
+KNOWN_PER_REQUEST: dict[str, str] = {}
 KNOWN_SUMMARY: dict[str, str] = dict(KNOWN_PER_REQUEST)
 KNOWN_COMMITTED = {
     "c_tight_kv_lifo": COMMITTED,
     "d_tight_kv_fifo": COMMITTED,
     "n_pd_tight_decode": PD_COMMITTED,
     "t_pd_retry_after_preemption": PD_COMMITTED,
-    "zx5_shared_pool_in_flight": ZX_SHARED_IN_FLIGHT,
 }
 
 
