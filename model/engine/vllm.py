@@ -248,8 +248,6 @@ class VllmScheduler:
             return outcome
         req.num_computed_tokens = eff + want
         self._register_full(req)
-        if self.tiers is not None:
-            self.tiers.prepare_store(req, batch)
         before = min(eff, prompt_len)
         item = (req, want, min(eff + want, prompt_len) - before, before)
         batch.items.append(item)
@@ -521,9 +519,12 @@ class VllmScheduler:
             self._summarise(batch, batch.items, 0, 0)
         else:
             self._summarise(batch, batch.others, n_steps, steps_ctx)
-        if pool.fenced:  # blocks taken from under a copy to G2: the pass waits for it to land
-            assert self.tiers is not None
-            batch.fences.extend(self.tiers.landings(pool.take_fenced()))
+        tiers = self.tiers
+        if tiers is not None:
+            # the copies to G2 of the prompt blocks this pass completes take their room now
+            tiers.prepare_stores(batch)
+            if pool.fenced:  # blocks taken from under a copy to G2: it waits for them to land
+                batch.fences.extend(tiers.landings(pool.take_fenced()))
         return batch
 
     def _admit(self, batch: Batch, budget: int, now_ms: float) -> None:
@@ -742,8 +743,6 @@ class VllmScheduler:
         item = (req, 0, 0, req.input_length)
         batch.items.append(item)
         batch.others.append(item)
-        if self.tiers is not None:
-            self.tiers.prepare_store(req, batch)
 
     def _admit_delivered(self, batch: Batch, now_ms: float, start: int) -> None:
         """Admit the delivered requests among waiting[start:], in queue order, past the

@@ -217,16 +217,20 @@ class RankTiers:
 
     # ------------------------------------------------------------------ G1 -> G2 (-> G3)
 
-    def prepare_store(self, req: Request, batch: Batch) -> None:
-        """As a pass is formed: the prompt blocks it completes for `req` (since its last
-        store; the cursor is kept across preemptions) get room in G2 for what G2 lacks of
+    def prepare_stores(self, batch: Batch) -> None:
+        """Once a pass is formed: the prompt blocks it completes for each request (since its
+        last store; the cursor is kept across preemptions) get room in G2 for what G2 lacks of
         them, their G1 blocks pinned, and the copy joins the pass's `stores` (started at its
         end). When G2 has no room for them all nothing is copied and a later pass tries
         again."""
-        n_full = min(req.num_computed_tokens, req.input_length) // self.block_size
+        bs = self.block_size
+        for req, _n, _p, _b in batch.items:  # one item per request
+            n_full = min(req.num_computed_tokens, req.input_length) // bs
+            if n_full > req.host_cursor:
+                self._prepare_store(req, n_full, batch)
+
+    def _prepare_store(self, req: Request, n_full: int, batch: Batch) -> None:
         start = req.host_cursor
-        if n_full <= start:
-            return
         keys = req.prompt_hashes[start:n_full]
         admitted = self.g2.reserve(keys)
         if admitted is None:
