@@ -1496,6 +1496,121 @@ ZX_CASES = [
 CASES += ZX_CASES
 
 
+# Issue 25, rules 2 and 3 and the fence they led to (cases zy1-zy4): G1 of 64-token blocks,
+# fixed timing 10 / 1 ms, a 30-block G2 per rank. README.md gives the timelines.
+def zy_deferred_trace() -> list[Row]:
+    """A 4-block prefix stored to G2 and evicted from G1 by a 16-block prompt; then, at 60 ms,
+    A (the prefix + 1) loads it from G2, B (the prefix + 1 other) waits for that load, C (12
+    blocks) fits and D (1 block) does not."""
+    return [
+        {"timestamp": 0, "input_length": 256, "output_length": 1, "hash_ids": [1, 2, 3, 4]},
+        {"timestamp": 20, "input_length": 1024, "output_length": 1, "hash_ids": list(range(100, 116))},
+        {"timestamp": 60, "input_length": 320, "output_length": 5, "hash_ids": [1, 2, 3, 4, 200]},
+        {"timestamp": 60, "input_length": 310, "output_length": 5, "hash_ids": [1, 2, 3, 4, 201]},
+        {"timestamp": 60, "input_length": 768, "output_length": 3, "hash_ids": list(range(400, 412))},
+        {"timestamp": 60, "input_length": 64, "output_length": 7, "hash_ids": [300]},
+    ]
+
+
+def zy_preempt_trace() -> list[Row]:
+    """Y (2 blocks) at 0; X and V (6 blocks each) at 1, whose prompts take 600 ms each to
+    copy to G2 (one block per 100 ms): X's 9th block preempts V while V's copy is in flight."""
+    return [
+        {"timestamp": 0, "input_length": 96, "output_length": 300, "hash_ids": [50, 51]},
+        {"timestamp": 1, "input_length": 384, "output_length": 300, "hash_ids": list(range(1, 7))},
+        {"timestamp": 1, "input_length": 380, "output_length": 300, "hash_ids": list(range(11, 17))},
+    ]
+
+
+def zy_fence_trace() -> list[Row]:
+    """Block 10 stored and refreshed (no copy in flight), block 11 still being copied (100 ms
+    a block) when a 3-block prompt needs one cached block of a 4-block pool."""
+    return [
+        {"timestamp": 0, "input_length": 64, "output_length": 0, "hash_ids": [10]},
+        {"timestamp": 200, "input_length": 64, "output_length": 0, "hash_ids": [11]},
+        {"timestamp": 220, "input_length": 64, "output_length": 0, "hash_ids": [10]},
+        {"timestamp": 240, "input_length": 192, "output_length": 2, "hash_ids": [13, 14, 15]},
+    ]
+
+
+ZY_SLOW_STORE = 0.08388608  # GB/s: one 64-token Llama-3.1-8B block per 100 ms
+
+
+def zy_case(
+    name: str,
+    description: str,
+    trace: Callable[[], list[Row]],
+    g1_blocks: int,
+    d2h_gbps: float,
+    pd: tuple[int, int] | None = None,
+) -> ZxCase:
+    """1 worker (or 1P1D: the decode pool is the tight one) with fixed 10 / 1 ms passes, a G1
+    of `g1_blocks` 64-token blocks over a 30-block G2 per rank, copies to G2 at `d2h_gbps`
+    and back at one block per ms."""
+    host = {**zx_host(30), "d2h_bandwidth_gbps": d2h_gbps}
+    fixed = {"timing_model": {"type": "fixed", "prefill_ms": 10.0, "decode_ms": 1.0}}
+    return ZxCase(
+        name,
+        description,
+        trace,
+        trace_block_size=64,
+        engine={**fixed, "kv_cache_bytes_per_token": KV_BYTES_PER_TOKEN}
+        | ({"num_gpu_blocks": g1_blocks} if pd is None else {}),
+        decode={} if pd is None else {"num_gpu_blocks": g1_blocks},
+        pd=pd,
+        servesim_overrides=(
+            "timing=fixed",
+            "timing.prefill_ms=10.0",
+            "timing.decode_ms=1.0",
+            *((f"engine.num_gpu_blocks={g1_blocks}",) if pd is None else ()),
+            "kv_cache.host_offload.num_host_blocks=30",
+            f"kv_cache.host_offload.d2h_bandwidth_gbps={d2h_gbps}",
+            "kv_cache.host_offload.h2d_bandwidth_gbps=8.388608",
+        ),
+        tiers={"native_host_offload": host},
+    )
+
+
+ZY_CASES = [
+    zy_case(
+        "zy1_host_deferred_behind_load",
+        "6 requests, 1 worker, G1 16 blocks: a request waiting for blocks another one is "
+        "loading from G2 is skipped (the requests behind it are admitted) and retried ahead "
+        "of the queue",
+        zy_deferred_trace,
+        16,
+        8.388608,
+    ),
+    zy_case(
+        "zy2_host_preempt_store_in_flight",
+        "3 requests, 1 worker, G1 19 blocks, prompts copied to G2 at 100 ms a block: "
+        "preempting a request whose copy is in flight holds the worker's next pass until the "
+        "copy lands",
+        zy_preempt_trace,
+        19,
+        ZY_SLOW_STORE,
+    ),
+    zy_case(
+        "zy3_pd_host_preempt_store_in_flight",
+        "the trace of zy2 in 1P1D (instant transfers), decode pool 19 blocks: the same hold on "
+        "the decode worker",
+        zy_preempt_trace,
+        19,
+        ZY_SLOW_STORE,
+        pd=(1, 1),
+    ),
+    zy_case(
+        "zy4_host_fence_evicted_pinned",
+        "4 requests, 1 worker, G1 4 blocks: evicting a cached block still being copied to G2 "
+        "(the least recently used) delays the pass that reuses it until the copy lands",
+        zy_fence_trace,
+        4,
+        ZY_SLOW_STORE,
+    ),
+]
+CASES += ZY_CASES
+
+
 # --------------------------------------------------------------------------- writing
 
 
