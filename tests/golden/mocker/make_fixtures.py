@@ -1498,17 +1498,21 @@ CASES += ZX_CASES
 
 # Issue 25, rules 2 and 3 and the fence they led to (cases zy1-zy4): G1 of 64-token blocks,
 # fixed timing 10 / 1 ms, a 30-block G2 per rank. README.md gives the timelines.
+def _zy_row(t: float, n_in: int, n_out: int, ids: list[int]) -> Row:
+    return {"timestamp": t, "input_length": n_in, "output_length": n_out, "hash_ids": ids}
+
+
 def zy_deferred_trace() -> list[Row]:
     """A 4-block prefix stored to G2 and evicted from G1 by a 16-block prompt; then, at 60 ms,
     A (the prefix + 1) loads it from G2, B (the prefix + 1 other) waits for that load, C (12
     blocks) fits and D (1 block) does not."""
     return [
-        {"timestamp": 0, "input_length": 256, "output_length": 1, "hash_ids": [1, 2, 3, 4]},
-        {"timestamp": 20, "input_length": 1024, "output_length": 1, "hash_ids": list(range(100, 116))},
-        {"timestamp": 60, "input_length": 320, "output_length": 5, "hash_ids": [1, 2, 3, 4, 200]},
-        {"timestamp": 60, "input_length": 310, "output_length": 5, "hash_ids": [1, 2, 3, 4, 201]},
-        {"timestamp": 60, "input_length": 768, "output_length": 3, "hash_ids": list(range(400, 412))},
-        {"timestamp": 60, "input_length": 64, "output_length": 7, "hash_ids": [300]},
+        _zy_row(0, 256, 1, [1, 2, 3, 4]),
+        _zy_row(20, 1024, 1, list(range(100, 116))),
+        _zy_row(60, 320, 5, [1, 2, 3, 4, 200]),
+        _zy_row(60, 310, 5, [1, 2, 3, 4, 201]),
+        _zy_row(60, 768, 3, list(range(400, 412))),
+        _zy_row(60, 64, 7, [300]),
     ]
 
 
@@ -1516,9 +1520,9 @@ def zy_preempt_trace() -> list[Row]:
     """Y (2 blocks) at 0; X and V (6 blocks each) at 1, whose prompts take 600 ms each to
     copy to G2 (one block per 100 ms): X's 9th block preempts V while V's copy is in flight."""
     return [
-        {"timestamp": 0, "input_length": 96, "output_length": 300, "hash_ids": [50, 51]},
-        {"timestamp": 1, "input_length": 384, "output_length": 300, "hash_ids": list(range(1, 7))},
-        {"timestamp": 1, "input_length": 380, "output_length": 300, "hash_ids": list(range(11, 17))},
+        _zy_row(0, 96, 300, [50, 51]),
+        _zy_row(1, 384, 300, list(range(1, 7))),
+        _zy_row(1, 380, 300, list(range(11, 17))),
     ]
 
 
@@ -1526,10 +1530,10 @@ def zy_fence_trace() -> list[Row]:
     """Block 10 stored and refreshed (no copy in flight), block 11 still being copied (100 ms
     a block) when a 3-block prompt needs one cached block of a 4-block pool."""
     return [
-        {"timestamp": 0, "input_length": 64, "output_length": 0, "hash_ids": [10]},
-        {"timestamp": 200, "input_length": 64, "output_length": 0, "hash_ids": [11]},
-        {"timestamp": 220, "input_length": 64, "output_length": 0, "hash_ids": [10]},
-        {"timestamp": 240, "input_length": 192, "output_length": 2, "hash_ids": [13, 14, 15]},
+        _zy_row(0, 64, 0, [10]),
+        _zy_row(200, 64, 0, [11]),
+        _zy_row(220, 64, 0, [10]),
+        _zy_row(240, 192, 2, [13, 14, 15]),
     ]
 
 
