@@ -29,7 +29,9 @@ from __future__ import annotations
 
 from array import array
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from heapq import merge
+from itertools import islice, repeat
 from typing import TYPE_CHECKING, Any
 
 from model.config.schema import VllmEngineConfig
@@ -311,19 +313,28 @@ class VllmScheduler:
         if k_max <= 0:
             return None
         pool = self.pool
+        free = pool.free_blocks
         # the block allocations those passes make, as (pass, running order): a request needs
-        # a fresh block when its next token starts one
-        allocs: list[tuple[int, int]] = []
-        for order, r in enumerate(running):
-            i = (len(r.held_hashes) + r.held_private_blocks) * bs - r.num_computed_tokens
-            while i < k_max:
-                allocs.append((i, order))
-                i += bs
-        if len(allocs) > pool.free_blocks:
-            allocs.sort()
-            # nothing frees a block during the stretch: the first allocation past the free
-            # blocks would fail, and its pass preempts
-            k_max = allocs[pool.free_blocks][0]
+        # a fresh block when its next token starts one. Nothing frees a block during the
+        # stretch: the allocation past the free blocks would fail, and its pass preempts
+        if n * (k_max // bs + 1) <= 4 * (free + 1):
+            allocs: list[tuple[int, int]] = []
+            for order, r in enumerate(running):
+                i = (len(r.held_hashes) + r.held_private_blocks) * bs - r.num_computed_tokens
+                while i < k_max:
+                    allocs.append((i, order))
+                    i += bs
+            if len(allocs) > free:
+                allocs.sort()
+        else:  # very long outputs: only the first free + 1 allocations matter (a pool's worth)
+            allocs = list(
+                islice(
+                    merge(*[self._allocations(r, order, k_max) for order, r in enumerate(running)]),
+                    free + 1,
+                )
+            )
+        if len(allocs) > free:
+            k_max = allocs[free][0]
             if k_max == 0:
                 return None
         ends = decode_ends(n, sum_ctx, k_max)
@@ -355,6 +366,13 @@ class VllmScheduler:
         if k == completing:
             stretch.done = self._complete_decoded()
         return stretch
+
+    def _allocations(self, r: Request, order: int, k_max: int) -> Iterator[tuple[int, int]]:
+        """The (pass, `order`) of each block allocation `r` makes in the next `k_max` decode
+        passes, in pass order."""
+        bs = self.block_size
+        first = (len(r.held_hashes) + r.held_private_blocks) * bs - r.num_computed_tokens
+        return zip(range(first, k_max, bs), repeat(order))
 
     def _head_waits(self) -> bool:
         """Whether the head of the waiting queue waits for a completion: while only running

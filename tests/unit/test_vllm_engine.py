@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tracemalloc
+
 import pytest
 
 from model import simulate
@@ -168,6 +170,31 @@ def test_requests_that_can_never_fit_are_rejected_with_a_reason(config, trace):
     assert "KV blocks" in r.requests.iloc[0].reason
     s = r.summary
     assert s["completed_requests"] + s["rejected_requests"] + s["incomplete_requests"] == 2
+
+
+@pytest.mark.parametrize("fast_forward", [True, False])
+def test_any_output_length_runs_in_memory_bounded_by_the_pool(config, trace, fast_forward):
+    """An output far beyond what the pool holds decodes until its sequence outgrows the pool
+    and is then rejected with the reason; fast-forward plans at most a pool's worth of block
+    allocations however long the outputs (it once listed one per future block: 1e9 tokens
+    took 1.75 GB)."""
+    tracemalloc.start()
+    try:
+        r = run(
+            config,
+            trace,
+            [row(0, 100, 10**8, [1, 2]), row(0, 100, 10**11, [3, 4])],
+            engine={"num_gpu_blocks": 128, "fast_forward": fast_forward},
+        )
+        peak_mb = tracemalloc.get_traced_memory()[1] / 1e6
+    finally:
+        tracemalloc.stop()
+    req = r.requests
+    assert list(req.terminal_status) == ["rejected", "rejected"]
+    # each ran until its sequence needed one block more than the pool has
+    assert all("needs 129 KV blocks; the pool holds 128" in reason for reason in req.reason)
+    assert list(req.output_length) == [128 * 64 - 100 + 1] * 2
+    assert peak_mb < 30, f"{peak_mb:.0f} MB"
 
 
 def test_max_model_len_stops_generation(config, trace):
