@@ -18,11 +18,22 @@ import pytest
 from model.config import RunConfig, validate_config
 
 REPO = Path(__file__).resolve().parents[1]
-# the public traces (not in the repo): next to the checkout, or where SERVESIM_SHARED_TRACES says
-SHARED_TRACES = REPO.parent.parent / "shared" / "traces"
-if not SHARED_TRACES.is_dir():
-    SHARED_TRACES = Path("/work/shared/traces")
-SHARED_TRACES = Path(os.environ.get("SERVESIM_SHARED_TRACES", SHARED_TRACES))
+# the public traces (not in the repo): ../shared/traces beside the checkout, or where
+# SERVESIM_SHARED_TRACES says
+SHARED_TRACES = Path(os.environ.get("SERVESIM_SHARED_TRACES", REPO.parent / "shared" / "traces"))
+
+
+def shared_trace(name: str) -> Path:
+    """The public trace `name`. Missing, the test fails under CI (`CI` set: the checkout must
+    have ../shared beside it) and is skipped, saying why, elsewhere."""
+    path = SHARED_TRACES / name
+    if not path.is_file():
+        why = f"{path} is missing (public traces: ../shared/traces or $SERVESIM_SHARED_TRACES)"
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    return path
+
 
 LLAMA3_8B = {
     "name": "llama3_8b",

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import SHARED_TRACES, make_config
+from conftest import make_config, shared_trace
 
 from model import simulate
 
@@ -43,9 +43,7 @@ COUNTS = ["num_requests", "completed_requests", "total_input_tokens", "total_out
 @pytest.mark.slow
 @pytest.mark.parametrize("trace,workers,ref", CASES, ids=[c[2][:-5] for c in CASES])
 def test_real_trace_matches_mocker(trace, workers, ref):
-    path = SHARED_TRACES / trace
-    if not path.is_file():
-        pytest.skip(f"{path} not on this machine")
+    path = shared_trace(trace)
     cfg = make_config(
         workload={"kind": "mooncake", "path": str(path)},
         engine={"num_gpu_blocks": 16384},

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import SHARED_TRACES, make_config, write_jsonl
+from conftest import SHARED_TRACES, make_config, shared_trace, write_jsonl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -705,9 +705,7 @@ def _resolve_workload(sections: dict[str, Any], trace: Callable[[list], str]) ->
     workload = sections["workload"]
     path = workload.get("path")
     if isinstance(path, Path):
-        if not path.is_file():
-            pytest.skip(f"{path} not on this machine")
-        workload["path"] = str(path)
+        workload["path"] = str(shared_trace(path.name))
     elif path in GENERATED:
         workload["path"] = trace(GENERATED[path]())
     return sections

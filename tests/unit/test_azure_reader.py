@@ -7,14 +7,13 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import SHARED_TRACES
+from conftest import shared_trace
 
 from model.workload.azure import read_azure
 from model.workload.errors import TraceError
 from model.workload.mooncake import SkipCounter, TraceRow
 
 HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens"
-REAL_CODE_TRACE = SHARED_TRACES / "AzureLLMInferenceTrace_code.csv"
 
 
 def write(tmp_path: Path, lines: list[str], bom: bool = False, header: str = HEADER) -> Path:
@@ -180,10 +179,9 @@ def test_missing_file(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not REAL_CODE_TRACE.is_file(), reason="real Azure trace not available")
 def test_real_code_trace():
     """The published code trace reads whole: 8,819 rows, times from 0, non-decreasing."""
-    rows = list(read_azure(REAL_CODE_TRACE))
+    rows = list(read_azure(shared_trace("AzureLLMInferenceTrace_code.csv")))
     assert len(rows) == 8819
     t = times(rows)
     assert t[0] == 0.0

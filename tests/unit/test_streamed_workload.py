@@ -17,7 +17,7 @@ from model.workload.build import RequestIds, StreamedWorkload
 from model.workload.errors import TraceError
 from model.workload.mooncake import TraceRow
 from model.workload.request import Request
-from tests.conftest import SHARED_TRACES, make_config, write_jsonl
+from tests.conftest import make_config, shared_trace, write_jsonl
 
 
 def _rows(n: int, gap_ms: float = 40.0, shared: int = 3) -> list[dict]:
@@ -177,12 +177,9 @@ def test_only_requests_in_flight_are_alive_during_a_streamed_run(tmp_path):
     assert 0 < peak < 30  # of 300 requests
 
 
-@pytest.mark.skipif(
-    not (SHARED_TRACES / "conversation_trace.jsonl").is_file(), reason="shared traces absent"
-)
 def test_streamed_replay_of_a_real_trace_slice(monkeypatch):
     cfg = _config(
-        str(SHARED_TRACES / "conversation_trace.jsonl"),
+        str(shared_trace("conversation_trace.jsonl")),
         workload={"trace_block_size": 512, "max_requests": 300},
         engine={"num_gpu_blocks": 4096, "block_size": 64},
     )
