@@ -4,15 +4,15 @@ trace fails the test instead of skipping it."""
 from __future__ import annotations
 
 import os
-
-import pytest
+from pathlib import Path
 
 import conftest
+import pytest
 
 
 def test_the_traces_are_looked_for_beside_the_checkout():
-    expected = os.environ.get("SERVESIM_SHARED_TRACES", conftest.REPO.parent / "shared" / "traces")
-    assert conftest.SHARED_TRACES == type(conftest.SHARED_TRACES)(expected)
+    beside = conftest.REPO.parent / "shared" / "traces"
+    assert Path(os.environ.get("SERVESIM_SHARED_TRACES", beside)) == conftest.SHARED_TRACES
 
 
 def test_a_missing_trace_fails_under_ci_and_is_skipped_elsewhere(tmp_path, monkeypatch):
@@ -23,5 +23,6 @@ def test_a_missing_trace_fails_under_ci_and_is_skipped_elsewhere(tmp_path, monke
     monkeypatch.delenv("CI")
     with pytest.raises(pytest.skip.Exception, match="missing"):
         conftest.shared_trace("conversation_trace.jsonl")
-    (tmp_path / "conversation_trace.jsonl").write_text("{}\n")
-    assert conftest.shared_trace("conversation_trace.jsonl") == tmp_path / "conversation_trace.jsonl"
+    trace = tmp_path / "conversation_trace.jsonl"
+    trace.write_text("{}\n")
+    assert conftest.shared_trace("conversation_trace.jsonl") == trace
