@@ -65,12 +65,13 @@ class Batch:
     running order. Prefill work counts prompt positions only; decode items are requests that
     caught up and still owe output, except a request whose first token comes from this
     pass's prefill (it adds no decode time). `others` are the items that are not a running
-    request's plain decode step (those `schedule` counts as it forms them). With KV tiers,
-    `stores` are the copies to G2 of the prompt blocks this pass completes, prepared (room
-    taken in G2) as it is formed and started at its end. `fences` are the
-    stores to G2 of the requests this pass preempted that are still in flight: the pass
-    computes once they have landed (vLLM flushes a preempted request's stores before its
-    blocks are reused; Dynamo's mocker holds the worker's next pass until then).
+    request's plain decode step (those `schedule` counts as it forms them).
+
+    With KV tiers, `stores` are the copies to G2 of the prompt blocks this pass completes,
+    prepared (room taken in G2) once it is formed and started at its end; `fences` are the
+    landings of the stores to G2 this pass must wait for before it computes: those of the
+    requests it preempted (vLLM flushes a preempted request's stores before reusing its
+    blocks) and those still reading a cached block it evicted.
     """
 
     __slots__ = (
@@ -638,9 +639,7 @@ class VllmScheduler:
                 if lower == LOADING:
                     del queue[k]
                     continue  # it waits for its blocks out of the queue; the next one may go
-            if (not cfg.enable_chunked_prefill and req.input_length - cached > budget) or (
-                budget == 0 and seq > cached
-            ):
+            if not cfg.enable_chunked_prefill and req.input_length - cached > budget:
                 break  # no room in this pass; checked before any block is pinned
             req.admit_host_tokens = req.admit_disk_tokens = 0
             if hit:
