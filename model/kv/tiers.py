@@ -293,8 +293,7 @@ class RankTiers:
 
     def landings(self, keys: list[Any]) -> list[simpy.Event]:
         """The landings of the stores reading the G1 blocks `keys` (those still in flight)."""
-        store_of = self.store_of
-        return list({id(e): e for e in (store_of.get(k) for k in keys) if e is not None}.values())
+        return list(dict.fromkeys(e for e in map(self.store_of.get, keys) if e is not None))
 
     def _write_behind(self, request_id: str, keys: list[int]) -> None:
         g3 = self.g3
@@ -350,12 +349,14 @@ class RankTiers:
 
     def reserve_load(self, host_keys: list[int], disk_keys: list[int]) -> int:
         """Hold what a load of `host_keys` (in G2) and `disk_keys` (in G3) reads: the G2 blocks,
-        and room in G2 to stage the G3 ones; returns how many G3 blocks G2 could take (the
-        first ones; the others are recomputed)."""
+        and room in G2 to stage the G3 ones; returns how many G3 blocks G2 could take (all of
+        them, or none when it has no room for them all: they are then recomputed)."""
         g2 = self.g2
         g2.pin(host_keys)
-        g2.touch(disk_keys)
-        staged = (g2.reserve(disk_keys) if disk_keys else None) or []
+        staged: list[int] = []
+        if disk_keys:
+            g2.touch(disk_keys)
+            staged = g2.reserve(disk_keys) or []
         if staged:
             assert self.g3 is not None
             self.g3.pin(staged)
