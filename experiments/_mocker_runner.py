@@ -3,7 +3,9 @@
 Runs inside the mocker's own interpreter (the one that has `dynamo._core`), with the standard
 library only:
 
-    /work/venvs/dynamo/bin/python experiments/_mocker_runner.py REQUEST.json RESULT.json
+    MOCKER_PYTHON experiments/_mocker_runner.py REQUEST.json RESULT.json
+
+(MOCKER_PYTHON: a virtual environment's python with `pip install ai-dynamo-runtime==1.6.1`.)
 
 REQUEST.json is `{"trace_files": [...], "kwargs": {...}}` (keyword arguments of
 `dynamo._core.run_mocker_trace_replay`; a `router_config` dict becomes a `KvRouterConfig`);

@@ -57,8 +57,9 @@ output lengths; prefill and decode worker ids (scheduler ids, worker x dp_size +
 terminal status (servesim `rejected` = mocker `failed` for a prompt no decode rank can hold).
 
 The mocker is imported if `dynamo._core` is importable here; otherwise it runs in its own
-interpreter (`--mocker-python`, default $SERVESIM_MOCKER_PYTHON, else
-/work/venvs/dynamo/bin/python) through experiments/_mocker_runner.py, with JSON in and out.
+interpreter (`--mocker-python`, default $SERVESIM_MOCKER_PYTHON: a virtual environment with
+`pip install ai-dynamo-runtime==1.6.1`) through experiments/_mocker_runner.py, with JSON in and
+out.
 
     python experiments/compare_dynamo.py --trace conversation_trace.jsonl,synthetic_trace.jsonl \\
         --workers 1,2,4 --out results.json --markdown table.md
@@ -119,7 +120,6 @@ from model.sim import write_requests_jsonl
 REPO = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO / "conf"
 RUNNER = Path(__file__).resolve().with_name("_mocker_runner.py")
-DEFAULT_MOCKER_PYTHON = Path("/work/venvs/dynamo/bin/python")
 BASE_OVERRIDES = ("experiment=dynamo_compat", "workload=mooncake", "output.progress=off")
 
 Kind = Literal["latency", "throughput", "reuse"]
@@ -503,16 +503,16 @@ def _mocker_importable() -> bool:
 
 
 def choose_runner(mocker_python: str | None) -> MockerRunner:
-    """In-process if `dynamo._core` imports here, else the given or default interpreter."""
+    """In-process if `dynamo._core` imports here, else the interpreter given by
+    `--mocker-python` or $SERVESIM_MOCKER_PYTHON."""
     if _mocker_importable():
         return MockerRunner(None)
     candidate = mocker_python or os.environ.get("SERVESIM_MOCKER_PYTHON")
-    if candidate is None and DEFAULT_MOCKER_PYTHON.exists():
-        candidate = str(DEFAULT_MOCKER_PYTHON)
-    if candidate is None:
+    if not candidate:
         raise RuntimeError(
-            "dynamo._core is not importable here and no mocker interpreter was found: pass "
-            "--mocker-python or set SERVESIM_MOCKER_PYTHON"
+            "dynamo._core is not importable here and no mocker interpreter is given: set "
+            "SERVESIM_MOCKER_PYTHON (or pass --mocker-python) to the python of a virtual "
+            "environment with `pip install ai-dynamo-runtime==1.6.1`"
         )
     if not Path(candidate).exists():
         raise RuntimeError(f"mocker interpreter {candidate} does not exist")
@@ -994,7 +994,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--mocker-python",
         help="interpreter with dynamo._core when it is not importable here "
-        "(default: $SERVESIM_MOCKER_PYTHON, else /work/venvs/dynamo/bin/python)",
+        "(default: $SERVESIM_MOCKER_PYTHON)",
     )
     return ap.parse_args(argv)
 

@@ -11,7 +11,9 @@ request's arrival, first admission, first token and end agree to 1e-6 ms and its
 output length and status are equal. Prints each differing case (its first differences) and one
 line per scope: `dp_rank_local: M of N cases match`.
 
-Exit status 0 (differences are reported, not failures), 2 for bad arguments.
+Exit status 0 (differences are reported, not failures), 2 for bad arguments or no mocker
+(`dynamo._core` not importable here and neither --mocker-python nor $SERVESIM_MOCKER_PYTHON
+set).
 """
 
 from __future__ import annotations
@@ -94,11 +96,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", type=int, default=150)
     parser.add_argument("--seed", type=int, default=0, help="first case's seed")
-    parser.add_argument("--mocker-python", default=None)
+    parser.add_argument(
+        "--mocker-python",
+        default=None,
+        help="the mocker's interpreter when dynamo._core is not importable here "
+        "(default: $SERVESIM_MOCKER_PYTHON)",
+    )
     args = parser.parse_args(argv)
     if args.cases <= 0:
         parser.error("--cases must be positive")
-    runner = cd.choose_runner(args.mocker_python)
+    try:
+        runner = cd.choose_runner(args.mocker_python)
+    except RuntimeError as e:
+        parser.error(str(e))
     tally: dict[str, list[int]] = {"dp_rank_local": [0, 0], "cluster_shared": [0, 0]}
     with tempfile.TemporaryDirectory(prefix="tier_fuzz_") as tmp:
         out = Path(tmp)
