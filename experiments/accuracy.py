@@ -1,6 +1,7 @@
 """Accuracy against measured serving benchmarks: servesim's mean TTFT and TPOT for every point
-of a silicon CSV (AISimulate's `silicon_sample.csv` format, /work/shared/data/README.md),
-each point's load reproduced, and the mean absolute percentage error (MAPE) per group.
+of a silicon CSV (AISimulate's `silicon_sample.csv` format, ../shared/data/README.md beside
+the checkout), each point's load reproduced, and the mean absolute percentage error (MAPE) per
+group.
 
     python experiments/accuracy.py --silicon CSV [--backend vllm] [--mode agg]
         [--timing roofline] [--jobs N] [--limit N] [--seed S] [--override KEY=VALUE ...]

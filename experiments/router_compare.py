@@ -16,7 +16,7 @@ timing) as two Hydra multiruns per trace:
 another option file; see the experiment file). The traces:
 
 * mooncake: the Mooncake JSONL given by --trace (default: conversation_trace.jsonl in
-  $SERVESIM_SHARED_TRACES, else /work/shared/traces), `workload=mooncake`;
+  $SERVESIM_SHARED_TRACES, else in ../shared/traces beside the checkout), `workload=mooncake`;
 * synthetic: `workload=synthetic` with SYNTHETIC below: N sessions (--sessions, default 200) of
   4 turns 2 s apart, each turn's prompt the previous prompt + answer + a new message, the first
   turn's leading 30 % from one of 8 shared prefix groups, first turns at 4 per second.
@@ -119,10 +119,10 @@ SHOWN = (
 
 
 def default_trace() -> Path:
-    """conversation_trace.jsonl in $SERVESIM_SHARED_TRACES, else in /work/shared/traces."""
-    return Path(os.environ.get("SERVESIM_SHARED_TRACES", "/work/shared/traces")) / (
-        "conversation_trace.jsonl"
-    )
+    """conversation_trace.jsonl in $SERVESIM_SHARED_TRACES, else in ../shared/traces beside
+    the checkout (where the tests look too)."""
+    beside = Path(__file__).resolve().parents[2] / "shared" / "traces"
+    return Path(os.environ.get("SERVESIM_SHARED_TRACES", beside)) / "conversation_trace.jsonl"
 
 
 def synthetic_overrides(num_sessions: int) -> list[str]:
