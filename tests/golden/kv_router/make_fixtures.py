@@ -10,15 +10,16 @@ records (`report_jsonl_path`), trimmed as tests/golden/mocker trims them, with w
 renumbered in order of first use (a tie on an empty cluster, which the mocker breaks at random,
 only relabels workers); the script stops if two runs differ in anything else.
 
-    /work/venvs/mocker/bin/python tests/golden/kv_router/make_fixtures.py           # all
-    /work/venvs/mocker/bin/python tests/golden/kv_router/make_fixtures.py --runs 20 a_families_2w
+    MOCKER_PYTHON tests/golden/kv_router/make_fixtures.py           # all
+    MOCKER_PYTHON tests/golden/kv_router/make_fixtures.py --runs 20 a_families_2w
     python tests/golden/kv_router/make_fixtures.py --traces-only                    # no mocker
 
 The mocker's kv_router (ai-dynamo-runtime 1.6.1) breaks cost ties with an unseeded random
 choice, so two runs of one case can route differently; the test therefore compares summary
 metrics with servesim's against the mean of the recorded runs, and `runs.json` shows how far
 apart the mocker's own runs are. Standard library only, so this runs in the mocker's own
-interpreter; servesim is not needed here. The host-speed keys (`wall_time_ms`,
+interpreter (MOCKER_PYTHON: a virtual environment with `pip install ai-dynamo-runtime==1.6.1`);
+servesim is not needed here. The host-speed keys (`wall_time_ms`,
 `processed_tokens_per_s`, `processed_output_tokens_per_s`) are dropped from `summary.json`.
 """
 

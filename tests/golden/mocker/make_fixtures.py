@@ -5,11 +5,12 @@ never copied from a shared trace), `case.json` (the servesim Hydra overrides and
 keyword arguments given to Dynamo's mocker), and the mocker's outputs: `summary.json` and
 `requests.jsonl` (its `report_jsonl_path` records, trimmed to `REQUEST_FIELDS`).
 
-    /work/venvs/dynamo/bin/python tests/golden/mocker/make_fixtures.py           # everything
+    MOCKER_PYTHON tests/golden/mocker/make_fixtures.py                          # everything
     python tests/golden/mocker/make_fixtures.py --traces-only                   # no mocker
 
-Only the standard library is used, so the first form runs in the mocker's own environment
-(`ai-dynamo-runtime`, module `dynamo._core`); servesim is not needed here.
+MOCKER_PYTHON is the mocker's interpreter (a virtual environment with `pip install
+ai-dynamo-runtime==1.6.1`, module `dynamo._core`). Only the standard library is used, so the
+first form runs there; servesim is not needed here.
 
 Normalisation of the mocker outputs, so that a regeneration gives a clean diff:
 * `summary.json`: the host-speed keys (`wall_time_ms`, `processed_tokens_per_s`,
