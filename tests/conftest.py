@@ -6,6 +6,8 @@ import copy
 import importlib.util
 import json
 import os
+import shutil
+import subprocess
 import sys
 from collections.abc import Callable
 from functools import cache
@@ -21,6 +23,21 @@ REPO = Path(__file__).resolve().parents[1]
 # the public traces (not in the repo): ../shared/traces beside the checkout, or where
 # SERVESIM_SHARED_TRACES says
 SHARED_TRACES = Path(os.environ.get("SERVESIM_SHARED_TRACES", REPO.parent / "shared" / "traces"))
+
+
+# the installed `servesim` command (the console script next to this interpreter)
+SERVESIM = Path(sys.executable).parent / "servesim"
+if not SERVESIM.exists():
+    SERVESIM = Path(shutil.which("servesim") or "servesim")
+
+
+def run_servesim(
+    *args: str, cwd: Path, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run `servesim ARGS` in a child process from `cwd`, its output captured as text."""
+    return subprocess.run(
+        [str(SERVESIM), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 def shared_trace(name: str) -> Path:

@@ -6,19 +6,11 @@ out-of-memory traceback at the end of a long start (100,000 workers once ended i
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-from conftest import make_config
+from conftest import make_config, run_servesim
 
 from model.config import ConfigError
-
-SCRIPT = Path(sys.executable).parent / "servesim"
-if not SCRIPT.exists():
-    SCRIPT = Path(shutil.which("servesim") or "servesim")
 
 
 def test_the_limit_is_ten_thousand_ranks():
@@ -64,12 +56,8 @@ def test_more_ranks_are_a_config_error_naming_the_keys(sections, named):
 
 
 def test_the_cli_exits_2_at_once(tmp_path):
-    out = subprocess.run(
-        [str(SCRIPT), "topology.num_workers=100000", "hydra.run.dir=out"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    out = run_servesim(
+        "topology.num_workers=100000", "hydra.run.dir=out", cwd=tmp_path, timeout=120
     )
     assert out.returncode == 2, out.stderr
     assert "topology.num_workers x engine.dp_size = 100000 x 1 = 100,000 engine ranks" in out.stderr

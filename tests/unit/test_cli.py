@@ -4,21 +4,18 @@ directory, a multirun sweep, and bad input exiting with a message that names the
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import run_servesim
 
 from model import native
 from model.cli import format_summary
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = Path(sys.executable).parent / "servesim"
-if not SCRIPT.exists():
-    SCRIPT = Path(shutil.which("servesim") or "servesim")
 
 ROWS = [
     {"timestamp": 0, "input_length": 1000, "output_length": 5, "hash_ids": [1, 2]},
@@ -28,9 +25,7 @@ ROWS = [
 
 
 def servesim(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(SCRIPT), *args], cwd=cwd, capture_output=True, text=True, timeout=300
-    )
+    return run_servesim(*args, cwd=cwd)
 
 
 @pytest.fixture
@@ -186,13 +181,7 @@ def test_a_run_with_the_progress_bar_ends_and_gives_the_same_answers(tmp_path, t
         return simulate(cfg)
 
     # first in a child with a deadline (a hang fails here rather than stalling the suite)
-    out = subprocess.run(
-        [str(SCRIPT), "output.progress=on", "hydra.run.dir=x"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = run_servesim("output.progress=on", "hydra.run.dir=x", cwd=tmp_path, timeout=120)
     assert out.returncode == 0 and "completed" in out.stdout
     shown, hidden = run("on"), run("off")
     pd.testing.assert_frame_equal(shown.requests, hidden.requests, check_exact=True)

@@ -18,14 +18,12 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import make_config
+from conftest import SERVESIM, make_config, run_servesim
 
 from model import rundir
 from model.sim import simulate
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = Path(sys.executable).parent / "servesim"
-COMMAND = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "model.cli"]
 ROWS = [
     {"timestamp": 0, "input_length": 1000, "output_length": 5, "hash_ids": [1, 2]},
     {"timestamp": 10, "input_length": 700, "output_length": 3, "hash_ids": [1, 3]},
@@ -34,10 +32,7 @@ ROWS = [
 
 
 def servesim(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SERVESIM_NATIVE": "0"}
-    return subprocess.run(
-        [*COMMAND, *args], cwd=cwd, capture_output=True, text=True, timeout=300, env=env
-    )
+    return run_servesim(*args, cwd=cwd, env={**os.environ, "SERVESIM_NATIVE": "0"})
 
 
 @pytest.fixture
@@ -210,7 +205,7 @@ def test_an_interrupted_run_exits_128_plus_the_signal_without_a_summary(tmp_path
     """The signal is sent once the run's progress bar shows that the event loop runs; the
     workload (15,000 requests, many seconds of replay) is far longer than that wait."""
     proc = subprocess.Popen(
-        [*COMMAND, "workload.num_sessions=5000", "output.progress=on", "hydra.run.dir=run"],
+        [str(SERVESIM), "workload.num_sessions=5000", "output.progress=on", "hydra.run.dir=run"],
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -12,10 +12,10 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import SERVESIM, run_servesim
 
 from model.workload.agentic import read_agentic_mooncake
 from model.workload.azure import read_azure
@@ -23,10 +23,6 @@ from model.workload.dynamo_trace import read_dynamo_trace
 from model.workload.errors import SkipCounter, TraceError
 from model.workload.mooncake import read_mooncake
 from model.workload.weka import read_weka
-
-SCRIPT = Path(sys.executable).parent / "servesim"
-if not SCRIPT.exists():
-    SCRIPT = Path(shutil.which("servesim") or "servesim")
 
 ROW = {"timestamp": 0, "input_length": 8, "output_length": 2, "hash_ids": [1, 2]}
 # an ignored `note` field holding Latin-1 "café": its byte 0xe9 opens a three-byte UTF-8
@@ -252,13 +248,7 @@ def test_why_a_file_cannot_be_opened(tmp_path, monkeypatch):
 
 
 def servesim(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(SCRIPT), *args, "hydra.run.dir=out", "output.progress=off"],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_servesim(*args, "hydra.run.dir=out", "output.progress=off", cwd=cwd)
 
 
 def exits_2_with(out: subprocess.CompletedProcess[str], message: str) -> None:
@@ -352,7 +342,7 @@ def test_cli_says_permission_denied(tmp_path, kind):
     path.chmod(0)
     try:
         out = subprocess.run(
-            [*prefix, str(SCRIPT), f"workload={kind}", f"workload.path={given}"]
+            [*prefix, str(SERVESIM), f"workload={kind}", f"workload.path={given}"]
             + ["hydra.run.dir=out", "output.progress=off"],
             cwd=tmp_path,
             capture_output=True,
