@@ -154,6 +154,8 @@ class Case:
     kv_event_lag_ms: float = 0.0
     servesim_overrides: tuple[str, ...] = ()  # the same changes, as servesim overrides
     per_request: bool = False  # deterministic in the mocker: keep its records (requests.jsonl)
+    dp_size: int = 1  # attention-DP ranks per worker (the router's targets: workers x ranks)
+    routes: bool = False  # keep run 0's records with where each request went (routes.jsonl)
 
     def mocker_kwargs(self) -> dict[str, Any]:
         """`run_mocker_trace_replay`'s keyword arguments (trace list aside), exactly as
@@ -169,6 +171,8 @@ class Case:
                 "tensor_parallel_size": 1,
             },
         }
+        if self.dp_size != 1:
+            out["extra_engine_args"]["dp_size"] = self.dp_size
         if self.kv_event_lag_ms > 0:
             out["kv_event_lag_ms"] = self.kv_event_lag_ms
         return out
@@ -179,6 +183,7 @@ class Case:
             *BASE_OVERRIDES,
             f"topology.num_workers={self.num_workers}",
             "workload.trace_block_size=64",
+            *((f"+engine.dp_size={self.dp_size}",) if self.dp_size != 1 else ()),
             *self.servesim_overrides,
         ]
 
@@ -280,6 +285,18 @@ CASES = [
         per_request=True,
         **SMALL_QUEUE,
     ),
+    Case(
+        "f_families_dp2",
+        "400 requests from 24 prompt families, a fifth of them follow-ups, 2 workers with "
+        "dp_size 2 (4 targets) of 300 KV blocks per rank (evictions); routes.jsonl keeps run "
+        "0's records and targets",
+        lambda: families_trace(seed=35, n=400, n_families=24, mean_gap_ms=30.0, follow_up=0.2),
+        num_workers=2,
+        engine={"num_gpu_blocks": 300},
+        servesim_overrides=("engine.num_gpu_blocks=300",),
+        dp_size=2,
+        routes=True,
+    ),
 ]
 
 
@@ -306,6 +323,41 @@ def relabel_workers(records: list[Row]) -> list[Row]:
     return out
 
 
+# what routes.jsonl keeps of a record: the request, what the test compares, and of its routing
+# decision the target (scheduler id: worker x dp_size + rank) and the overlaps the router saw
+ROUTE_RECORD_FIELDS = (
+    "arrival_time_ms",
+    "input_length",
+    "requested_output_length",
+    "first_token_ms",
+    "terminal_time_ms",
+    "output_length",
+    "reused_input_tokens",
+    "terminal_status",
+)
+ROUTE_FIELDS = ("scheduler_id", "selected_overlap_blocks", "best_available_overlap_blocks")
+
+
+def write_routes(records: list[Row], case_dir: Path) -> None:
+    """`routes.jsonl`: one mocker run's records (ROUTE_RECORD_FIELDS) with where the router
+    sent each request (ROUTE_FIELDS of its one routing decision), so a test can send servesim's
+    requests to the same targets. Stops if two requests share (arrival, input length,
+    requested output), the key the test finds a request's route by."""
+    rows = []
+    for rec in records:
+        (decision,) = rec["routing_history"]
+        row = {f: rec[f] for f in ROUTE_RECORD_FIELDS}
+        row.update({f: decision[f] for f in ROUTE_FIELDS})
+        rows.append(row)
+    keys = {(r["arrival_time_ms"], r["input_length"], r["requested_output_length"]) for r in rows}
+    if len(keys) != len(rows):
+        raise SystemExit(f"{case_dir.name}: requests share (arrival, input, output); no routes")
+    rows.sort(key=MOCKER_FIXTURES._sort_key)
+    (case_dir / "routes.jsonl").write_text(
+        "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows)
+    )
+
+
 def run_mocker(case: Case, case_dir: Path, runs: int) -> None:
     import dynamo._core as core  # only in the mocker's environment
 
@@ -318,7 +370,8 @@ def run_mocker(case: Case, case_dir: Path, runs: int) -> None:
     for i in range(runs):
         # a fresh KvRouterConfig per run (the replay takes it by value)
         cfg = core.KvRouterConfig.from_json(json.dumps(kwargs["router_config"]))
-        report = {"report_jsonl_path": str(raw)} if case.per_request else {}
+        keep = case.per_request or (case.routes and i == 0)
+        report = {"report_jsonl_path": str(raw)} if keep else {}
         t0 = time.perf_counter()
         result = core.run_mocker_trace_replay(
             [str(case_dir / "trace.jsonl")], **{**kwargs, "router_config": cfg, **report}
@@ -328,6 +381,10 @@ def run_mocker(case: Case, case_dir: Path, runs: int) -> None:
         if i == 0:
             first = {k: v for k, v in summary.items() if k not in WALL_KEYS}
         records.append({k: summary[k] for k in RUN_KEYS})
+        if case.routes and i == 0:
+            write_routes([json.loads(x) for x in raw.read_text().splitlines() if x], case_dir)
+            if not case.per_request:
+                raw.unlink()
         if case.per_request:
             fields = MOCKER_FIXTURES.REQUEST_FIELDS
             lines = raw.read_text().splitlines()
