@@ -18,8 +18,8 @@ start-up, imports and peak memory are its own:
   `--fast-forward both` a second servesim variant also runs with `engine.fast_forward=false`
   (every pass stepped); with `--processes N` (N > 1) one runs with `parallel.processes=N`
   (workers replayed in N processes where they never interact; its CPU time is all of them).
-* **mocker**: `experiments/_mocker_runner.py` in the mocker's interpreter ($SERVESIM_MOCKER_PYTHON,
-  else /work/venvs/dynamo/bin/python or /work/venvs/mocker/bin/python; skipped if none exists),
+* **mocker**: `experiments/_mocker_runner.py` in the mocker's interpreter (`--mocker-python`, else
+  $SERVESIM_MOCKER_PYTHON; skipped if neither is given),
   calling `dynamo._core.run_mocker_trace_replay` with the keyword arguments that
   `compare_dynamo.mocker_kwargs` translates from the same RunConfig (`router_mode="kv_router"`
   and a `router_config` for router=kv; `num_prefill_workers`, `num_decode_workers`,
@@ -103,12 +103,8 @@ REPO = Path(__file__).resolve().parents[1]
 EXPERIMENTS = REPO / "experiments"
 RUNNER = EXPERIMENTS / "_mocker_runner.py"
 COMPARE = EXPERIMENTS / "compare_dynamo.py"
-# the first that exists is the default mocker interpreter
-DEFAULT_MOCKER_PYTHONS = (
-    Path("/work/venvs/dynamo/bin/python"),
-    Path("/work/venvs/mocker/bin/python"),
-)
-DEFAULT_TRACES = Path("/work/shared/traces")
+# the public traces beside the checkout (as the tests look for them)
+DEFAULT_TRACES = REPO.parent / "shared" / "traces"
 DEFAULT_TRACE_CACHE = Path(tempfile.gettempdir()) / "servesim_bench_traces"
 # the mocker keeps the whole replay in memory (6.0 GB at 100k generated requests in
 # docs/performance.md); above this many requests it is not run (--mocker-max-requests)
@@ -1039,7 +1035,7 @@ def resolve_mocker(arg: str | None) -> str | None:
         if not Path(candidate).exists():
             raise SystemExit(f"bench_replay: mocker interpreter {candidate} does not exist")
         return candidate
-    return next((str(p) for p in DEFAULT_MOCKER_PYTHONS if p.exists()), None)
+    return None
 
 
 def _names(text: str | None) -> list[str]:
@@ -1137,8 +1133,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--mocker-python",
-        help="mocker interpreter (default $SERVESIM_MOCKER_PYTHON, else the first of "
-        f"{', '.join(map(str, DEFAULT_MOCKER_PYTHONS))} that exists); 'none' to skip the mocker",
+        help="mocker interpreter (default $SERVESIM_MOCKER_PYTHON; without either the mocker "
+        "is skipped); 'none' to skip the mocker",
     )
     p.add_argument(
         "--servesim-override",

@@ -48,9 +48,9 @@ requests alive a collection would walk them all and be charged to whichever call
 
 Run from the repository root:
 
-    /work/main/.venv/bin/python benchmarks/router_decision.py              # full run, ~1 minute
-    /work/main/.venv/bin/python benchmarks/router_decision.py --quick      # small sizes, seconds
-    /work/main/.venv/bin/python benchmarks/router_decision.py --json router_decision.json
+    python benchmarks/router_decision.py              # full run, ~1 minute
+    python benchmarks/router_decision.py --quick      # small sizes, seconds
+    python benchmarks/router_decision.py --json router_decision.json
 
 It prints a markdown table on stdout (progress on stderr); `--json OUT` also writes the rows,
 the log-growth check, the settings and the machine.

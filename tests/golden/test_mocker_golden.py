@@ -6,7 +6,9 @@ exact keyword arguments), and the mocker's `summary.json` and per-request `reque
 regenerate them with tests/golden/mocker/make_fixtures.py, see the README there). Cases a-j
 run aggregated workers, cases k-y prefill/decode disaggregation (P/D), cases z1-z2 a G2 host
 tier under aggregated workers, cases zx1-zx8 the KV router (in front of P/D, with dp_size 2,
-with a KV-event lag), G3 and a cluster-shared host pool.
+with a KV-event lag), G3 and a cluster-shared host pool, cases zy1-zy4 the host-tier rules of
+deferred admission, preemption with a store in flight (aggregated and P/D) and eviction of a
+block a store is still reading, cases zz1-zz5 agentic replay.
 
 For every case servesim is composed from conf/ with Hydra's compose API and simulated, then:
 
@@ -28,7 +30,8 @@ For every case servesim is composed from conf/ with Hydra's compose API and simu
   exactly (its own test).
 
 Cases with a known, described difference from the mocker are strict xfails (KNOWN_* below), so
-fixing servesim turns them into failures that ask for the marker to go.
+fixing servesim turns them into failures that ask for the marker to go; a summary key with a
+documented semantic difference is left out of one case's comparison (SUMMARY_KEYS_LEFT_OUT).
 """
 
 from __future__ import annotations
