@@ -86,7 +86,7 @@ class DisaggCluster(ClusterBase):
         )
         for w in self.decode:
             # blocks a finished tier copy unpinned may let a waiting reservation through
-            w.on_kv_freed = self._retry_reservations
+            w.on_kv_freed = self._retry_after_landing
             w.horizon = self.decode_horizon
         self.destinations = {
             (w.idx, r.dp_rank): Destination(w, r) for w in self.decode for r in w.ranks
@@ -158,7 +158,11 @@ class DisaggCluster(ClusterBase):
             h = min(h, w.next_end_bound())
         destinations = self.destinations
         for w in self.decode:
-            if w._deferred or any(destinations[(w.idx, r.dp_rank)].pending for r in w.ranks):
+            if (
+                w._deferred
+                or w._landed
+                or any(destinations[(w.idx, r.dp_rank)].pending for r in w.ranks)
+            ):
                 h = min(h, w.next_end_bound())
         for link in self.links.values():
             h = min(h, link.next_event_ms())
@@ -280,6 +284,18 @@ class DisaggCluster(ClusterBase):
         for rank in worker.ranks:
             self.try_reserve(self.destinations[(worker.idx, rank.dp_rank)])
 
+    def _retry_after_landing(self, worker: Worker) -> None:
+        """A store to G2 landed between the decode worker's passes and gave G1 blocks back:
+        one attempt on each rank. At the instant a pass ended, Dynamo settles the landing
+        before the pass end's attempt: a rank whose attempt then reserved is not tried
+        again."""
+        at_pass_end = worker.last_end_ms == self.env.now
+        for rank in worker.ranks:
+            dest = self.destinations[(worker.idx, rank.dp_rank)]
+            if at_pass_end and dest.failed_generation == -1:
+                continue
+            self.try_reserve(dest)
+
     def link(self, prefill_worker: int, decode_worker: int) -> Link:
         """The link from a prefill worker to a decode worker (made on first use)."""
         key = (prefill_worker, decode_worker)
@@ -321,6 +337,9 @@ class DisaggCluster(ClusterBase):
             # the rank's reservation queue once while they are still held, and again after
             dest.rank.scheduler.materialize(req)
             self.try_reserve(dest)
+            tiers = dest.rank.scheduler.tiers
+            if tiers is not None:  # its prompt is stored to G2 before its blocks go back
+                tiers.store_delivered(req)
             dest.rank.pool.release(req)
             dest.worker.sample_kv()
             dest.worker.wake()  # the freed blocks may admit what waits there

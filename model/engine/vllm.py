@@ -587,8 +587,10 @@ class VllmScheduler:
                     continue
             seq = req.seq_len
             hashes, hit, hit_active = self._prefix_hit(req)
-            if budget == 0 and seq > hit * bs:
-                break  # no room in this pass (and no lookup below G1)
+            if budget == 0 and (seq > hit * bs or self.tiers is not None):
+                # no room in this pass (and no lookup below G1); with KV tiers a spent budget
+                # stops admission even for a prompt G1 holds whole (as Dynamo's mocker does)
+                break
             if self.tiers is not None and req.host_store is None:
                 # looking a request up refreshes its prompt's blocks in G2 (vLLM's connector
                 # touches them), whether it is admitted or not
