@@ -274,18 +274,23 @@ class BlockPool(PoolBase):
 
     def unpinned_free(self, hit: list[int]) -> int:
         """The free blocks a request reusing the prefix `hit` can have without waiting for a
-        copy: `free_blocks` less the pinned inactive blocks outside `hit`."""
+        copy (a P/D reservation): the empty blocks, the inactive blocks of `hit`, and the
+        inactive blocks evicted in LRU order before the first one a copy still reads (Dynamo's
+        reservation takes its victims in that order and stops at such a block)."""
         free = self.free_blocks
         if not self.n_pinned_inactive:
             return free
         blocks = self.blocks
+        reused = {self._oldest(h) for h in hit}
+        n = sum(1 for key in reused if blocks[key] < 0)
         pinned = self.pinned
-        reused = 0
-        for h in hit:
-            key = self._oldest(h)
-            if key in pinned and blocks[key] < 0:
-                reused += 1
-        return free - self.n_pinned_inactive + reused
+        for key in self._lru_order():
+            if key in reused:
+                continue
+            if key in pinned:
+                break
+            n += 1
+        return self.n_empty + n
 
     def acquire(self, req: Request, hashes: list[int]) -> None:
         """Grant `req` the resident blocks `hashes` (a prefix hit): share or reactivate them."""

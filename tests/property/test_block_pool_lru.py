@@ -50,10 +50,17 @@ class Reference:
         return self.capacity - len(self.refcount) - self.n_private
 
     def unpinned_free(self, hit: list[int]) -> int:
+        """Empty blocks, inactive blocks of `hit`, and the inactive blocks before the first
+        pinned one outside `hit` (LRU order)."""
         reused = {self.oldest(h) for h in hit}
-        return self.free_blocks() - sum(
-            1 for k in self.inactive if k in self.pinned and k not in reused
-        )
+        n = sum(1 for k in reused if k in self.inactive)
+        for k in self.inactive:
+            if k in reused:
+                continue
+            if k in self.pinned:
+                break
+            n += 1
+        return self.free_blocks() - len(self.inactive) + n
 
     def oldest(self, h: int) -> Any:
         if h in self.refcount or h in self.inactive:
