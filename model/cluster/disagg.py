@@ -13,6 +13,8 @@ Reservations follow Dynamo's replay: each decode rank keeps a FIFO of requests w
 an attempt looks at its head only and reserves at most one, when the rank is between passes
 (a request for it arrives, one of its passes ends, or a transfer lands on it). A head that does
 not fit (blocks, or `max_num_seqs` running) blocks the queue until the rank frees capacity.
+With a G2 tier, a reservation may evict cached blocks a store to G2 is still reading: it holds
+its blocks and is reserved (its transfer starts) at the first attempt after those stores land.
 """
 
 from __future__ import annotations
@@ -39,13 +41,16 @@ from model.workload.request import Request
 class Destination:
     """The requests waiting for KV on one decode rank, in acceptance order."""
 
-    __slots__ = ("worker", "rank", "pending", "failed_generation")
+    __slots__ = ("worker", "rank", "pending", "failed_generation", "held")
 
     def __init__(self, worker: Worker, rank: Rank) -> None:
         self.worker = worker
         self.rank = rank
         self.pending: deque[Request] = rank.scheduler.pending_reservations
         self.failed_generation = -1  # the rank's pool generation when its head last failed
+        # the head's blocks, taken while stores to G2 still read some of them: its prefix
+        # hit in blocks and those stores' landings
+        self.held: tuple[int, list[simpy.Event]] | None = None
 
 
 class DisaggCluster(ClusterBase):
@@ -246,20 +251,37 @@ class DisaggCluster(ClusterBase):
         return ""
 
     def try_reserve(self, dest: Destination) -> None:
-        """One reservation attempt on a decode rank: its queue's head, if it fits now."""
+        """One reservation attempt on a decode rank: its queue's head, if it fits now.
+
+        The blocks it takes may include cached ones a store to G2 is still reading (plain LRU
+        eviction): it then holds them, and is reserved (its transfer starts) at the first
+        attempt after those stores have landed."""
         if not dest.pending:
             return
         pool = dest.rank.pool
-        if pool.generation == dest.failed_generation:
-            return  # nothing freed since the head last failed
         req = dest.pending[0]
-        reused_blocks = dest.rank.scheduler.reserve(req)
-        if reused_blocks is None:
-            dest.failed_generation = pool.generation
-            return
+        held = dest.held
+        if held is not None:
+            reused_blocks, landings = held
+            if not all(e.processed for e in landings):
+                return
+            dest.held = None
+        else:
+            if pool.generation == dest.failed_generation:
+                return  # nothing freed since the head last failed
+            taken = dest.rank.scheduler.reserve(req)
+            if taken is None:
+                dest.failed_generation = pool.generation
+                return
+            reused_blocks, landings = taken
+            if landings:
+                dest.held = (reused_blocks, landings)
+                dest.failed_generation = pool.generation  # (a landing tries it again)
+                dest.worker.sample_kv()
+                return
+            dest.worker.sample_kv()
         dest.pending.popleft()
         dest.failed_generation = -1
-        dest.worker.sample_kv()
         req.destination_reserved_ms = self.env.now
         bs = self.engines["decode"].block_size
         if self.link_cfg.timing_mode == "destination_missing":

@@ -804,24 +804,27 @@ class VllmScheduler:
 
     # ------------------------------------------------------------------ P/D destination
 
-    def reserve(self, req: Request) -> int | None:
+    def reserve(self, req: Request) -> tuple[int, list[Any]] | None:
         """Take KV blocks for `req`'s prompt before its transfer: pin what is resident (as a
-        prefix), allocate the rest. Returns the pinned prefix in blocks, or None (nothing
-        taken) if the running set is full or the blocks do not fit."""
+        prefix), allocate the rest, evicting cached blocks in LRU order. Returns the pinned
+        prefix in blocks and the landings of the stores to G2 still reading blocks it evicted
+        (the transfer waits for them), or None (nothing taken) if the running set is full or
+        the blocks do not fit."""
         if len(self.running) >= self.cfg.max_num_seqs:
             return None
         pool = self.pool
         hashes = req.prompt_hashes
         hit, hit_active = pool.match(hashes)
         need = -(-req.input_length // self.block_size) - hit
-        # (a transfer never lands in a block a copy to G2 is still reading)
-        if need > pool.unpinned_free(hashes[:hit]) - (hit - hit_active):
+        if need > pool.free_blocks - (hit - hit_active):
             return None
         if hit:
             pool.acquire(req, hashes[:hit])
-        if not pool.allocate(req, need, fence=False):  # pragma: no cover - checked above
+        if not pool.allocate(req, need):  # pragma: no cover - checked above
             raise RuntimeError(f"reservation check passed but allocation failed for {req}")
-        return hit
+        fenced = pool.take_fenced() if pool.fenced else []
+        tiers = self.tiers
+        return hit, (tiers.landings(fenced) if tiers is not None and fenced else [])
 
     def materialize(self, req: Request) -> None:
         """The transfer landed: the prompt's KV is computed here, and its full blocks become
