@@ -1,7 +1,7 @@
 """Random small traces with a G2 host tier, replayed by servesim and by Dynamo's mocker
 (`native_host_offload`), compared request by request.
 
-    python experiments/tier_fuzz.py [--cases 150] [--seed 0] [--mocker-python PY]
+    python experiments/tier_fuzz.py [--cases 150] [--seed 0] [--pd] [--mocker-python PY]
 
 Each case: 2-14 Mooncake rows (prompts of 1-400 tokens sharing prefixes in 4 families, outputs
 0-30), fixed timing, a G1 pool of 8-40 blocks of 64 tokens, a G2 pool of 1-40 blocks (per rank,
@@ -10,6 +10,12 @@ or cluster-shared in about 30 % of the cases), copy bandwidths drawn from 0 (ins
 request's arrival, first admission, first token and end agree to 1e-6 ms and its reused tokens,
 output length and status are equal. Prints each differing case (its first differences) and one
 line per scope: `dp_rank_local: M of N cases match`.
+
+With `--pd` each case is 1P1D instead: the same kind of trace, a prefill pool of 40 blocks, a
+tight decode pool of 8-30 blocks, G2 on both roles (per rank), copy bandwidths as above and a
+transfer link of 1, 8.388608 or 32 GB/s or instant; the P/D lifecycle fields (prefill
+admission, source held and released, destination reserved and activated, decode admission,
+decode-side reused tokens) are compared too.
 
 Exit status 0 (differences are reported, not failures), 2 for bad arguments or no mocker
 (`dynamo._core` not importable here and neither --mocker-python nor $SERVESIM_MOCKER_PYTHON
@@ -40,11 +46,19 @@ FIELDS = (
     "output_length",
     "terminal_status",
 )
+PD_FIELDS = (
+    "prefill_admit_ms",
+    "source_held_ms",
+    "destination_reserved_ms",
+    "destination_activated_ms",
+    "decode_admit_ms",
+    "source_released_ms",
+    "decode_reused_input_tokens",
+)
 
 
-def random_case(seed: int, out: Path) -> tuple[Path, int, list[str]]:
-    """One case's trace file, worker count and servesim overrides."""
-    rng = random.Random(seed)
+def random_rows(rng: random.Random) -> list[dict[str, Any]]:
+    """2-14 Mooncake rows: prompts of 1-400 tokens sharing prefixes in 4 families."""
     rows = []
     t = 0
     for i in range(rng.randint(2, 14)):
@@ -56,9 +70,19 @@ def random_case(seed: int, out: Path) -> tuple[Path, int, list[str]]:
         ids += [10000 + i * 100 + k for k in range(n_blocks - len(ids))]
         n_out = rng.choice([0, 1, 2, rng.randint(0, 30)])
         rows.append({"timestamp": t, "input_length": n_in, "output_length": n_out, "hash_ids": ids})
+    return rows
+
+
+BANDWIDTHS = [0.0, 1.0, 8.388608, 32.0]
+
+
+def random_case(seed: int, out: Path) -> tuple[Path, int, list[str]]:
+    """One case's trace file, worker count and servesim overrides."""
+    rng = random.Random(seed)
+    rows = random_rows(rng)
     path = out / f"case{seed}.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    bandwidths = [0.0, 1.0, 8.388608, 32.0]
+    bandwidths = BANDWIDTHS
     overrides = [
         "timing=fixed",
         f"timing.prefill_ms={rng.choice([10.0, 7.0])}",
@@ -76,11 +100,37 @@ def random_case(seed: int, out: Path) -> tuple[Path, int, list[str]]:
     return path, workers, overrides
 
 
-def differences(ours: list[dict[str, Any]], ref: list[dict[str, Any]]) -> list[tuple]:
+def random_pd_case(seed: int, out: Path) -> tuple[Path, cd.Shape, list[str]]:
+    """One 1P1D case's trace file, shape and servesim overrides."""
+    rng = random.Random(seed)
+    rows = random_rows(rng)
+    path = out / f"pd{seed}.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    link = rng.choice([None, 1.0, 8.388608, 32.0])
+    overrides = [
+        "timing=fixed",
+        f"timing.prefill_ms={rng.choice([10.0, 7.0])}",
+        f"timing.decode_ms={rng.choice([1.0, 3.0])}",
+        "workload.trace_block_size=64",
+        "engine.num_gpu_blocks=40",
+        f"topology.decode.num_gpu_blocks={rng.randint(8, 30)}",
+        f"engine.max_num_batched_tokens={rng.choice([64, 256, 8192])}",
+        f"kv_cache.host_offload.num_host_blocks={rng.randint(1, 40)}",
+        f"kv_cache.host_offload.d2h_bandwidth_gbps={rng.choice(BANDWIDTHS)}",
+        f"kv_cache.host_offload.h2d_bandwidth_gbps={rng.choice(BANDWIDTHS)}",
+    ]
+    if link is not None:
+        overrides.append(f"link.bandwidth_gbps={link}")
+    return path, cd.Shape(prefill=1, decode=1), overrides
+
+
+def differences(
+    ours: list[dict[str, Any]], ref: list[dict[str, Any]], fields: tuple[str, ...] = FIELDS
+) -> list[tuple]:
     pairs, unmatched = cd.join_records(ours, ref)
     out: list[tuple] = [("unmatched", unmatched)] if unmatched else []
     for a, b in pairs:
-        for f in FIELDS:
+        for f in fields:
             x, y = a.get(f), b.get(f)
             if x == y:
                 continue
@@ -96,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", type=int, default=150)
     parser.add_argument("--seed", type=int, default=0, help="first case's seed")
+    parser.add_argument("--pd", action="store_true", help="1P1D cases (G2 on both roles)")
     parser.add_argument(
         "--mocker-python",
         default=None,
@@ -109,26 +160,52 @@ def main(argv: list[str] | None = None) -> int:
         runner = cd.choose_runner(args.mocker_python)
     except RuntimeError as e:
         parser.error(str(e))
-    tally: dict[str, list[int]] = {"dp_rank_local": [0, 0], "cluster_shared": [0, 0]}
+    tally: dict[str, list[int]] = (
+        {"pd_1p1d": [0, 0]} if args.pd else {"dp_rank_local": [0, 0], "cluster_shared": [0, 0]}
+    )
+    without_g2 = 0
     with tempfile.TemporaryDirectory(prefix="tier_fuzz_") as tmp:
         out = Path(tmp)
         for seed in range(args.seed, args.seed + args.cases):
-            path, workers, overrides = random_case(seed, out)
-            cfg = cd.compose_run_config(path, workers, overrides)
+            shape: cd.Shape | int
+            if args.pd:
+                path, shape, overrides = random_pd_case(seed, out)
+                fields, scope, what = FIELDS + PD_FIELDS, "pd_1p1d", "1P1D"
+            else:
+                path, shape, overrides = random_case(seed, out)
+                fields, what = FIELDS, f"{shape} worker(s)"
+            cfg = cd.compose_run_config(path, shape, overrides)
             report = out / f"mocker{seed}.jsonl"
             runner.run(path, {**cd.mocker_kwargs(cfg), "report_jsonl_path": str(report)})
             ref = [json.loads(line) for line in report.read_text().splitlines() if line.strip()]
-            diffs = differences(cd.servesim_records(simulate(cfg)), ref)
-            scope = cfg.kv_cache.host_offload.scope
+            diffs = differences(cd.servesim_records(simulate(cfg)), ref, fields)
+            if not args.pd:
+                scope = cfg.kv_cache.host_offload.scope
             tally[scope][1] += 1
+            if diffs and args.pd:
+                # the same case without G2: a difference there is not the host tier's
+                bare = [o for o in overrides if not o.startswith("kv_cache.")]
+                cfg = cd.compose_run_config(path, shape, bare)
+                try:
+                    runner.run(path, {**cd.mocker_kwargs(cfg), "report_jsonl_path": str(report)})
+                except Exception as e:  # the mocker's own replay invariants
+                    what += f", the mocker fails without G2 ({str(e)[:60]})"
+                else:
+                    ref = [json.loads(x) for x in report.read_text().splitlines() if x.strip()]
+                    if differences(cd.servesim_records(simulate(cfg)), ref, fields):
+                        what += ", differs without G2 too"
+                        without_g2 += 1
             if diffs:
-                print(f"case {seed} ({workers} worker(s); {' '.join(overrides[4:])}):")
+                print(f"case {seed} ({what}; {' '.join(overrides[1:])}):")
                 for d in diffs[:4]:
                     print("   ", d)
             else:
                 tally[scope][0] += 1
     for name, (ok, n) in tally.items():
         print(f"{name}: {ok} of {n} cases match")
+    if args.pd:
+        n_diff = tally["pd_1p1d"][1] - tally["pd_1p1d"][0]
+        print(f"of the {n_diff} differing, {without_g2} differ without G2 too")
     return 0
 
 

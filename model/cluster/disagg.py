@@ -13,6 +13,8 @@ Reservations follow Dynamo's replay: each decode rank keeps a FIFO of requests w
 an attempt looks at its head only and reserves at most one, when the rank is between passes
 (a request for it arrives, one of its passes ends, or a transfer lands on it). A head that does
 not fit (blocks, or `max_num_seqs` running) blocks the queue until the rank frees capacity.
+With a G2 tier, a reservation may evict cached blocks a store to G2 is still reading: it holds
+its blocks and is reserved (its transfer starts) at the first attempt after those stores land.
 """
 
 from __future__ import annotations
@@ -39,13 +41,16 @@ from model.workload.request import Request
 class Destination:
     """The requests waiting for KV on one decode rank, in acceptance order."""
 
-    __slots__ = ("worker", "rank", "pending", "failed_generation")
+    __slots__ = ("worker", "rank", "pending", "failed_generation", "held")
 
     def __init__(self, worker: Worker, rank: Rank) -> None:
         self.worker = worker
         self.rank = rank
         self.pending: deque[Request] = rank.scheduler.pending_reservations
         self.failed_generation = -1  # the rank's pool generation when its head last failed
+        # the head's blocks, taken while stores to G2 still read some of them: its prefix
+        # hit in blocks and those stores' landings
+        self.held: tuple[int, list[simpy.Event]] | None = None
 
 
 class DisaggCluster(ClusterBase):
@@ -86,7 +91,7 @@ class DisaggCluster(ClusterBase):
         )
         for w in self.decode:
             # blocks a finished tier copy unpinned may let a waiting reservation through
-            w.on_kv_freed = self._retry_reservations
+            w.on_kv_freed = self._retry_after_landing
             w.horizon = self.decode_horizon
         self.destinations = {
             (w.idx, r.dp_rank): Destination(w, r) for w in self.decode for r in w.ranks
@@ -158,7 +163,11 @@ class DisaggCluster(ClusterBase):
             h = min(h, w.next_end_bound())
         destinations = self.destinations
         for w in self.decode:
-            if w._deferred or any(destinations[(w.idx, r.dp_rank)].pending for r in w.ranks):
+            if (
+                w._deferred
+                or w._landed
+                or any(destinations[(w.idx, r.dp_rank)].pending for r in w.ranks)
+            ):
                 h = min(h, w.next_end_bound())
         for link in self.links.values():
             h = min(h, link.next_event_ms())
@@ -242,20 +251,37 @@ class DisaggCluster(ClusterBase):
         return ""
 
     def try_reserve(self, dest: Destination) -> None:
-        """One reservation attempt on a decode rank: its queue's head, if it fits now."""
+        """One reservation attempt on a decode rank: its queue's head, if it fits now.
+
+        The blocks it takes may include cached ones a store to G2 is still reading (plain LRU
+        eviction): it then holds them, and is reserved (its transfer starts) at the first
+        attempt after those stores have landed."""
         if not dest.pending:
             return
         pool = dest.rank.pool
-        if pool.generation == dest.failed_generation:
-            return  # nothing freed since the head last failed
         req = dest.pending[0]
-        reused_blocks = dest.rank.scheduler.reserve(req)
-        if reused_blocks is None:
-            dest.failed_generation = pool.generation
-            return
+        held = dest.held
+        if held is not None:
+            reused_blocks, landings = held
+            if not all(e.processed for e in landings):
+                return
+            dest.held = None
+        else:
+            if pool.generation == dest.failed_generation:
+                return  # nothing freed since the head last failed
+            taken = dest.rank.scheduler.reserve(req)
+            if taken is None:
+                dest.failed_generation = pool.generation
+                return
+            reused_blocks, landings = taken
+            if landings:
+                dest.held = (reused_blocks, landings)
+                dest.failed_generation = pool.generation  # (a landing tries it again)
+                dest.worker.sample_kv()
+                return
+            dest.worker.sample_kv()
         dest.pending.popleft()
         dest.failed_generation = -1
-        dest.worker.sample_kv()
         req.destination_reserved_ms = self.env.now
         bs = self.engines["decode"].block_size
         if self.link_cfg.timing_mode == "destination_missing":
@@ -279,6 +305,18 @@ class DisaggCluster(ClusterBase):
         """A decode worker's pass ended: one attempt on each of its ranks."""
         for rank in worker.ranks:
             self.try_reserve(self.destinations[(worker.idx, rank.dp_rank)])
+
+    def _retry_after_landing(self, worker: Worker) -> None:
+        """A store to G2 landed between the decode worker's passes and gave G1 blocks back:
+        one attempt on each rank. At the instant a pass ended, Dynamo settles the landing
+        before the pass end's attempt: a rank whose attempt then reserved is not tried
+        again."""
+        at_pass_end = worker.last_end_ms == self.env.now
+        for rank in worker.ranks:
+            dest = self.destinations[(worker.idx, rank.dp_rank)]
+            if at_pass_end and dest.failed_generation == -1:
+                continue
+            self.try_reserve(dest)
 
     def link(self, prefill_worker: int, decode_worker: int) -> Link:
         """The link from a prefill worker to a decode worker (made on first use)."""
@@ -321,6 +359,9 @@ class DisaggCluster(ClusterBase):
             # the rank's reservation queue once while they are still held, and again after
             dest.rank.scheduler.materialize(req)
             self.try_reserve(dest)
+            tiers = dest.rank.scheduler.tiers
+            if tiers is not None:  # its prompt is stored to G2 before its blocks go back
+                tiers.store_delivered(req)
             dest.rank.pool.release(req)
             dest.worker.sample_kv()
             dest.worker.wake()  # the freed blocks may admit what waits there

@@ -587,8 +587,10 @@ class VllmScheduler:
                     continue
             seq = req.seq_len
             hashes, hit, hit_active = self._prefix_hit(req)
-            if budget == 0 and seq > hit * bs:
-                break  # no room in this pass (and no lookup below G1)
+            if budget == 0 and (seq > hit * bs or self.tiers is not None):
+                # no room in this pass (and no lookup below G1); with KV tiers a spent budget
+                # stops admission even for a prompt G1 holds whole (as Dynamo's mocker does)
+                break
             if self.tiers is not None and req.host_store is None:
                 # looking a request up refreshes its prompt's blocks in G2 (vLLM's connector
                 # touches them), whether it is admitted or not
@@ -627,18 +629,20 @@ class VllmScheduler:
                     )
                 )
                 continue
+            lower, n_host, n_disk = NO_COPY, 0, 0
             if self.tiers is not None:
-                lower = self._start_load(req, hashes, hit, seq)
-                if lower == DEFERRED:
-                    if queue is waiting:  # it joins the deferred requests, behind them
-                        del waiting[k]
-                        self.deferred.append(req)
-                    else:
-                        k += 1
-                    continue
-                if lower == LOADING:
-                    del queue[k]
-                    continue  # it waits for its blocks out of the queue; the next one may go
+                lower, n_host, n_disk = self._lower_hit(req, hashes, hit, seq)
+            if lower == DEFERRED:
+                if queue is waiting:  # it joins the deferred requests, behind them
+                    del waiting[k]
+                    self.deferred.append(req)
+                else:
+                    k += 1
+                continue
+            if lower == LOADING:
+                self._start_load(req, hashes, hit, n_host, n_disk)
+                del queue[k]
+                continue  # it waits for its blocks out of the queue; the next one may go
             if not cfg.enable_chunked_prefill and req.input_length - cached > budget:
                 break  # no room in this pass; checked before any block is pinned
             req.admit_host_tokens = req.admit_disk_tokens = 0
@@ -658,28 +662,40 @@ class VllmScheduler:
             if batch.n_preempted != preempted or (n == 0 and budget == 0):
                 break
 
-    def _start_load(self, req: Request, hashes: list[int], hit: int, seq: int) -> int:
-        """If the prompt after the G1 hit continues in G2 (then G3), start copying those blocks
-        in (G1 blocks taken for what the copy brings) and return LOADING: the caller takes
-        `req` out of the queue. DEFERRED when a block of that run is still on its way (a load
-        into this pool, or a store into G2); NO_COPY when there is nothing to copy. The caller
-        has checked that the whole sequence's blocks fit."""
+    def _lower_hit(
+        self, req: Request, hashes: list[int], hit: int, seq: int
+    ) -> tuple[int, int, int]:
+        """Whether the prompt after the G1 hit continues in G2 (then G3): (LOADING, blocks in
+        G2, blocks in G3) when there are blocks to copy in; DEFERRED when a block of that run
+        is still on its way (a load into this pool, or a store into G2); NO_COPY otherwise."""
         tiers = self.tiers
         assert tiers is not None
         if req.host_store is not None:
-            return DEFERRED  # its own prompt is still being stored: looked up once it landed
+            return DEFERRED, 0, 0  # its own prompt is still being stored: looked up once landed
         bs = self.block_size
         stop = (seq - 1) // bs if req.num_output_tokens < req.output_length else seq // bs
         stop = min(stop, len(hashes))
         if stop <= hit:
-            return NO_COPY
+            return NO_COPY, 0, 0
         n_host, n_disk, on_the_way = tiers.lookup(hashes, hit, stop)
-        keys = hashes[hit : hit + n_host + n_disk]
         loading = self.loading_blocks
-        if on_the_way or (loading and any(h in loading for h in keys)):
-            return DEFERRED
+        if on_the_way or (
+            loading and any(h in loading for h in hashes[hit : hit + n_host + n_disk])
+        ):
+            return DEFERRED, 0, 0
         if n_host + n_disk == 0:
-            return NO_COPY
+            return NO_COPY, 0, 0
+        return LOADING, n_host, n_disk
+
+    def _start_load(
+        self, req: Request, hashes: list[int], hit: int, n_host: int, n_disk: int
+    ) -> None:
+        """Start copying in the `n_host` G2 and `n_disk` G3 blocks after the G1 hit (G1 blocks
+        taken for what the copy brings); the caller takes `req` out of the queue and has
+        checked that those blocks fit."""
+        tiers = self.tiers
+        assert tiers is not None
+        keys = hashes[hit : hit + n_host + n_disk]
         pool = self.pool
         if hit:
             pool.acquire(req, hashes[:hit])
@@ -692,10 +708,9 @@ class VllmScheduler:
         keys = keys[: n_host + n_disk]
         tiers.load(req, keys[:n_host], keys[n_host:], self._landing(req, hit, keys), fences)
         tiers.g1_changed()
-        count_in(loading, keys)
+        count_in(self.loading_blocks, keys)
         req.status = Status.LOADING
         self.loading[req.idx] = req
-        return LOADING
 
     def _landing(self, req: Request, hit: int, keys: list[int]) -> Callable[[int, int], None]:
         def landed(n_host: int, n_disk: int) -> None:
@@ -764,12 +779,14 @@ class VllmScheduler:
     def _admit_delivered(self, batch: Batch, now_ms: float, start: int) -> None:
         """Admit the delivered requests among waiting[start:], in queue order, past the
         others."""
-        waiting = self.waiting
-        for req in [r for r in list(waiting)[start:] if r.materialized]:
-            if len(self.running) >= self.cfg.max_num_seqs:
-                break
-            waiting.remove(req)
-            self._admit_materialized(req, batch, now_ms)
+        for queue in (self.deferred, self.waiting):
+            for req in [
+                r for r in list(queue)[start if queue is self.waiting else 0 :] if r.materialized
+            ]:
+                if len(self.running) >= self.cfg.max_num_seqs:
+                    return
+                queue.remove(req)
+                self._admit_materialized(req, batch, now_ms)
 
     def _summarise(
         self, batch: Batch, items: list[tuple[Request, int, int, int]], n_steps: int, steps_ctx: int
@@ -802,24 +819,27 @@ class VllmScheduler:
 
     # ------------------------------------------------------------------ P/D destination
 
-    def reserve(self, req: Request) -> int | None:
+    def reserve(self, req: Request) -> tuple[int, list[Any]] | None:
         """Take KV blocks for `req`'s prompt before its transfer: pin what is resident (as a
-        prefix), allocate the rest. Returns the pinned prefix in blocks, or None (nothing
-        taken) if the running set is full or the blocks do not fit."""
+        prefix), allocate the rest, evicting cached blocks in LRU order. Returns the pinned
+        prefix in blocks and the landings of the stores to G2 still reading blocks it evicted
+        (the transfer waits for them), or None (nothing taken) if the running set is full or
+        the blocks do not fit."""
         if len(self.running) >= self.cfg.max_num_seqs:
             return None
         pool = self.pool
         hashes = req.prompt_hashes
         hit, hit_active = pool.match(hashes)
         need = -(-req.input_length // self.block_size) - hit
-        # (a transfer never lands in a block a copy to G2 is still reading)
-        if need > pool.unpinned_free(hashes[:hit]) - (hit - hit_active):
+        if need > pool.free_blocks - (hit - hit_active):
             return None
         if hit:
             pool.acquire(req, hashes[:hit])
-        if not pool.allocate(req, need, fence=False):  # pragma: no cover - checked above
+        if not pool.allocate(req, need):  # pragma: no cover - checked above
             raise RuntimeError(f"reservation check passed but allocation failed for {req}")
-        return hit
+        fenced = pool.take_fenced() if pool.fenced else []
+        tiers = self.tiers
+        return hit, (tiers.landings(fenced) if tiers is not None and fenced else [])
 
     def materialize(self, req: Request) -> None:
         """The transfer landed: the prompt's KV is computed here, and its full blocks become
@@ -833,7 +853,9 @@ class VllmScheduler:
         self.materialize(req)
         req.materialized = True
         req.status = Status.WAITING
-        waiting = self.waiting
+        # with KV tiers its KV arrived through the connector: it waits among the deferred
+        # requests, ahead of the queue (it passes a head that does not fit)
+        waiting = self.deferred if self.tiers is not None else self.waiting
         k = len(waiting)
         while k > 0 and waiting[k - 1].materialized and waiting[k - 1].accept_seq > req.accept_seq:
             k -= 1

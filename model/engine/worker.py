@@ -196,6 +196,9 @@ class Worker:
         # landing, a source to release) wait for the pass end
         self.busy = False
         self._deferred: list[Callable[[], None]] = []
+        # copies out of G1 that landed mid-pass: applied first at the pass end
+        self._landed: list[Callable[[], None]] = []
+        self.last_end_ms = -1.0  # when its last pass ended
         # called between passes when blocks were given back outside a pass (a tier copy
         # landed); a P/D decode worker retries its reservations there
         self.on_kv_freed: Callable[[Worker], None] | None = None
@@ -247,9 +250,16 @@ class Worker:
                 )
             self._sample_kv(rank, now)
 
-    def kv_freed(self) -> None:
-        """Blocks went back between passes (a tier copy landed): record, then let what waits
-        for them try."""
+    def copy_landed(self, command: Callable[[], None]) -> None:
+        """A copy out of this worker's G1 (a store to G2) landed: `command` gives its blocks
+        back. Between passes it runs now and what waits for blocks tries again at once (a
+        P/D decode worker's reservation); mid-pass it runs first thing at the pass end, and
+        the pass end's own attempt is the only one (as Dynamo settles a worker's tier copies
+        at its pass boundary)."""
+        if self.busy:
+            self._landed.append(command)
+            return
+        command()
         self.sample_kv()
         if self.on_kv_freed is not None:
             self.on_kv_freed(self)
@@ -524,7 +534,13 @@ class Worker:
 
         The order is Dynamo's: a decode worker retries its pending reservation (the hook)
         before it applies the transfers that landed during the pass, so a reservation made
-        here cannot pin the blocks those activations are about to register."""
+        here cannot pin the blocks those activations are about to register. Stores to G2
+        that landed during the pass give their blocks back before all of these."""
+        self.last_end_ms = self.env.now
+        if self._landed:
+            while self._landed:
+                self._landed.pop(0)()
+            self.sample_kv()
         for batch in batches:
             for req, reason in batch.rejected:
                 self.on_reject(req, reason)

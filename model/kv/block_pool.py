@@ -142,28 +142,22 @@ class PoolBase:
         """Blocks not held by any request (empty or evictable, pinned ones included)."""
         raise NotImplementedError
 
-    def _evict(self, n: int, fence: bool) -> None:
+    def _evict(self, n: int) -> None:
         raise NotImplementedError
 
-    def allocate(self, req: Request, n_blocks: int, fence: bool = True) -> bool:
+    def allocate(self, req: Request, n_blocks: int) -> bool:
         """Grant `req` n fresh private blocks, evicting cached ones in LRU order; False if they
-        do not fit. Evicting a pinned block fences (its key goes to `fenced`); without `fence`
-        pinned blocks are neither counted nor evicted."""
+        do not fit. Evicting a pinned block fences (its key goes to `fenced`)."""
         if n_blocks <= 0:
             return True
-        if n_blocks > self.free_blocks - (0 if fence else self.n_pinned_inactive):
+        if n_blocks > self.free_blocks:
             return False
         empty = self.n_empty
         if n_blocks > empty:
-            self._evict(n_blocks - empty, fence)
+            self._evict(n_blocks - empty)
         self.n_private += n_blocks
         req.held_private_blocks += n_blocks
         return True
-
-    def unpinned_free(self, hit: list[int]) -> int:
-        """The free blocks a request reusing the prefix `hit` can have without waiting for a
-        copy: `free_blocks` less the pinned inactive blocks outside `hit`."""
-        return self.free_blocks
 
     def take_fenced(self) -> list[Key]:
         """The pinned blocks evicted since the last call (their copies fence the reuse)."""
@@ -272,21 +266,6 @@ class BlockPool(PoolBase):
             n += 1
         return n, n_active
 
-    def unpinned_free(self, hit: list[int]) -> int:
-        """The free blocks a request reusing the prefix `hit` can have without waiting for a
-        copy: `free_blocks` less the pinned inactive blocks outside `hit`."""
-        free = self.free_blocks
-        if not self.n_pinned_inactive:
-            return free
-        blocks = self.blocks
-        pinned = self.pinned
-        reused = 0
-        for h in hit:
-            key = self._oldest(h)
-            if key in pinned and blocks[key] < 0:
-                reused += 1
-        return free - self.n_pinned_inactive + reused
-
     def acquire(self, req: Request, hashes: list[int]) -> None:
         """Grant `req` the resident blocks `hashes` (a prefix hit): share or reactivate them."""
         blocks = self.blocks
@@ -316,9 +295,9 @@ class BlockPool(PoolBase):
 
     # ------------------------------------------------------------------ allocation
 
-    def _evict(self, n: int, fence: bool) -> None:
-        """Evict the n least recently released blocks (there are n), pinned ones too when
-        `fence` (they go to `fenced`), else skipping them."""
+    def _evict(self, n: int) -> None:
+        """Evict the n least recently released blocks (there are n); pinned ones go to
+        `fenced`."""
         blocks = self.blocks
         runs = self.runs
         events = self.pending_events if self.record_events else None
@@ -327,13 +306,11 @@ class BlockPool(PoolBase):
         pinned = self.pinned if self.n_pinned_inactive else None
         left = n
         run_id = self._front_run
-        at_front = True  # no run before this one holds blocks still
         while left:
             run = runs.get(run_id)
             if run is None:  # pragma: no cover - the caller checked there are n to evict
                 raise RuntimeError(f"{left} blocks left to evict and no inactive block")
             keys, pos, end, stale = run
-            held_from = -1
             if not stale and pinned is None:
                 stop = min(end, pos + left)
                 taken = keys[pos:stop]
@@ -351,28 +328,18 @@ class BlockPool(PoolBase):
                     if blocks.get(key) != tag:
                         continue  # came back to life since this run
                     if pinned is not None and key in pinned:
-                        if not fence:
-                            if held_from < 0:
-                                held_from = pos - 1  # evicted later, from here
-                            continue
                         self.n_pinned_inactive -= 1
                         self.fenced.append(key)
                     del blocks[key]
                     left -= 1
                     if victims is not None:
                         victims.append(key)
-            if held_from >= 0:
-                run[1] = held_from
-                run[3] = True
-                at_front = False
-            else:
-                run[1] = pos
-                if pos == end and at_front:
-                    del runs[run_id]
-                    self._run_entries -= len(keys)
-                    self._front_run = run_id + 1
-                elif pos < end:
-                    break  # (left is 0)
+            run[1] = pos
+            if pos < end:
+                break  # (left is 0)
+            del runs[run_id]
+            self._run_entries -= len(keys)
+            self._front_run = run_id + 1
             run_id += 1
         self.n_inactive -= n
         self.n_evictions += n

@@ -272,7 +272,7 @@ class GroupPool(PoolBase):
 
     # ------------------------------------------------------------------ allocation
 
-    def _evict(self, n: int, fence: bool) -> None:
+    def _evict(self, n: int) -> None:
         """Evict the n least recently released blocks (there are n; this pool pins none)."""
         groups = self.groups
         runs = self.runs

@@ -227,23 +227,39 @@ class RankTiers:
         for req, _n, _p, _b in batch.items:  # one item per request
             n_full = min(req.num_computed_tokens, req.input_length) // bs
             if n_full > req.host_cursor:
-                self._prepare_store(req, n_full, batch)
+                store = self._prepare_store(req, n_full)
+                if store is not None:
+                    batch.stores.append(store)
 
-    def _prepare_store(self, req: Request, n_full: int, batch: Batch) -> None:
+    def store_delivered(self, req: Request) -> None:
+        """A P/D request delivered with nothing to decode and no pass to join ends at its
+        activation; its prompt is stored like a computed one (the copy starts now, its G1
+        blocks pinned), as Dynamo's decode worker settles it as a pass of its own."""
+        n_full = req.input_length // self.block_size
+        if n_full > req.host_cursor:
+            store = self._prepare_store(req, n_full)
+            if store is not None:
+                self._store(*store)
+
+    def _prepare_store(
+        self, req: Request, n_full: int
+    ) -> tuple[Request, list[int], list[Any]] | None:
+        """Room in G2 for what it lacks of `req`'s prompt blocks up to `n_full`, their G1
+        blocks pinned: the copy to start, or None (nothing to copy, or no room for it all)."""
         start = req.host_cursor
         keys = req.prompt_hashes[start:n_full]
         admitted = self.g2.reserve(keys)
         if admitted is None:
-            return
+            return None
         req.host_cursor = n_full
         if not admitted:
-            return
+            return None
         self.g2.touch(req.prompt_hashes)  # a store refreshes the whole prompt's blocks
         wanted = set(admitted)
         g1_keys = [req.held_hashes[j] for j in range(start, n_full) if keys[j - start] in wanted]
         assert self.rank is not None
         self.rank.pool.pin(g1_keys)
-        batch.stores.append((req, admitted, g1_keys))
+        return req, admitted, g1_keys
 
     def store_pass(self, batch: Batch) -> None:
         """At a pass end (before finished requests let go of their blocks): start the copies
@@ -268,6 +284,20 @@ class RankTiers:
         g2 = self.g2
         shared = len(g2.readers) > 1
 
+        def apply() -> None:
+            if not shared:
+                g2.land(admitted)
+            pool.unpin(g1_keys)
+            self._write_behind(req.request_id, admitted)
+
+        if self.d2h.bandwidth_gbps is None:
+            # an instant copy lands as it starts (Dynamo settles zero-latency copies at the
+            # boundary that submits them, before anything else there looks at the pool)
+            if shared:
+                g2.land(admitted)
+            apply()
+            return
+
         def landed(_: simpy.Event) -> None:
             if req.host_store is done:
                 req.host_store = None
@@ -276,15 +306,7 @@ class RankTiers:
                     del store_of[k]
             if shared:  # other workers read these blocks now, whatever this one is doing
                 g2.land(admitted)
-
-            def apply() -> None:
-                if not shared:
-                    g2.land(admitted)
-                pool.unpin(g1_keys)
-                worker.kv_freed()
-                self._write_behind(req.request_id, admitted)
-
-            worker.apply(apply)
+            worker.copy_landed(apply)
 
         done.callbacks.append(landed)
         req.host_store = done

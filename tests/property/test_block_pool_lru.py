@@ -6,8 +6,7 @@ block, in `Reference` (an OrderedDict in release order): random sequences of adm
 acquire, allocate), prefills (register), releases, pins and unpins of tier copies, on prompts
 that share prefixes and content computed twice, must give the same match results, levels, LRU
 order, evictions, KV events and per-request holdings after every step; pinned blocks are
-evicted in LRU order like the others, reported as fenced, or (`fence=False`, a P/D reservation)
-skipped.
+evicted in LRU order like the others and reported as fenced.
 """
 
 from __future__ import annotations
@@ -49,12 +48,6 @@ class Reference:
     def free_blocks(self) -> int:
         return self.capacity - len(self.refcount) - self.n_private
 
-    def unpinned_free(self, hit: list[int]) -> int:
-        reused = {self.oldest(h) for h in hit}
-        return self.free_blocks() - sum(
-            1 for k in self.inactive if k in self.pinned and k not in reused
-        )
-
     def oldest(self, h: int) -> Any:
         if h in self.refcount or h in self.inactive:
             return h
@@ -79,13 +72,13 @@ class Reference:
             self.refcount[key] = self.refcount.get(key, 0) + 1
             req.held_hashes.append(key)
 
-    def allocate(self, req: Request, n: int, fence: bool = True) -> bool:
+    def allocate(self, req: Request, n: int) -> bool:
         if n <= 0:
             return True
-        if n > self.free_blocks() - (0 if fence else self.n_pinned_inactive()):
+        if n > self.free_blocks():
             return False
         empty = self.capacity - len(self.refcount) - self.n_private - len(self.inactive)
-        victims = [k for k in self.inactive if fence or k not in self.pinned][: max(0, n - empty)]
+        victims = list(self.inactive)[: max(0, n - empty)]
         for key in victims:
             if key in self.pinned:
                 self.fenced.append(key)
@@ -158,7 +151,7 @@ SLOTS = st.integers(0, 7)
 op = st.one_of(
     st.tuples(st.just("admit"), SLOTS, st.integers(0, len(PROMPTS) - 1)),
     st.tuples(st.just("admit"), SLOTS, st.integers(0, len(PROMPTS) - 1)),
-    st.tuples(st.just("reserve"), SLOTS, st.integers(0, len(PROMPTS) - 1)),
+    st.tuples(st.just("admit"), SLOTS, st.integers(0, len(PROMPTS) - 1)),
     st.tuples(st.just("compute"), SLOTS, st.integers(1, 9)),
     st.tuples(st.just("compute"), SLOTS, st.integers(1, 9)),
     st.tuples(st.just("release"), SLOTS, st.just(0)),
@@ -191,21 +184,19 @@ def follow_reference(
     slots: dict[int, list[Any]] = {}
     pins: dict[int, list[Any]] = {}  # pin slot -> keys pinned (same keys on both sides)
     for kind, slot, arg in ops:
-        if kind in ("admit", "reserve") and slot not in slots:
-            # an admission may evict pinned blocks (fenced); a reservation may not
-            fence = kind == "admit"
+        if kind == "admit" and slot not in slots:  # (it may evict pinned blocks: fenced)
             prompt = prompts[arg]
             a, b = Request(slot, f"a{slot}", 1, 1, prompt), Request(slot, f"b{slot}", 1, 1, prompt)
             hit = pool.match(prompt)
             assert hit == ref.match(prompt)
-            free = pool.free_blocks if fence else pool.unpinned_free(prompt[: hit[0]])
-            assert free == (ref.free_blocks() if fence else ref.unpinned_free(prompt[: hit[0]]))
+            free = pool.free_blocks
+            assert free == ref.free_blocks()
             if free < len(prompt) - hit[1]:
                 continue  # the scheduler's admission check
             pool.acquire(a, prompt[: hit[0]])
             ref.acquire(b, prompt[: hit[0]])
             need = len(prompt) - hit[0]
-            assert pool.allocate(a, need, fence) == ref.allocate(b, need, fence) is True
+            assert pool.allocate(a, need) == ref.allocate(b, need) is True
             slots[slot] = [a, b, prompt, hit[0]]
         elif kind == "compute" and slot in slots:
             a, b, prompt, done = slots[slot]
@@ -255,7 +246,7 @@ def random_ops(
     ops = []
     for _ in range(n):
         kind = str(rng.choice(kinds))
-        admit = kind in ("admit", "reserve")
+        admit = kind == "admit"
         arg = int(rng.integers(0, n_prompts)) if admit else int(rng.integers(1, max_arg))
         ops.append((kind, int(rng.integers(0, 8)), arg))
     return ops
@@ -274,7 +265,7 @@ def test_pool_follows_the_per_block_lru(capacity, record_events, slack, ops):
         follow_reference(pool, Reference(capacity, record_events), PROMPTS, ops)
 
 
-KINDS = ("admit", "admit", "reserve", "compute", "compute", "release", "release", "pin", "unpin")
+KINDS = ("admit", "admit", "admit", "compute", "compute", "release", "release", "pin", "unpin")
 
 
 @pytest.mark.parametrize("seed", range(12))
