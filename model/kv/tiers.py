@@ -3,16 +3,21 @@
 Modelled on vLLM's OffloadingConnector (as Dynamo's native host offload and AISimulate describe
 it):
 
-* **Store (G1 -> G2).** At each pass end, the prompt blocks a request completed since its last
-  store (a cursor kept across preemptions) go to G2 as one copy. G2 admits only the blocks it
-  lacks, evicting its least recently used unpinned blocks (what does not fit is dropped); the
-  G1 source blocks stay pinned until the copy lands. With G3, blocks that land in G2 are written
+* **Store (G1 -> G2).** When a pass is formed (after its admissions), the prompt blocks it
+  completes for each request since its last store (a cursor kept across preemptions) get room in
+  G2 for the blocks G2 lacks, evicting its least recently used unpinned blocks, all or nothing:
+  when they cannot all have room nothing is taken and a later pass tries again. Their G1 blocks
+  stay pinned until the copy, started at the pass end, lands (a pass that would evict a G1 block
+  still being read waits for that copy first). With G3, blocks that land in G2 are written
   behind to G3 the same way (G2 source pinned until the write lands).
 * **Load (G2 -> G1).** At admission, after the G1 prefix lookup, the consecutive blocks after the
   G1 prefix found in G2 (then in G3) are a hit: the scheduler takes G1 blocks for them, the
   request leaves the waiting queue, G3 hits are staged into G2 (G3 -> G2), then every hit is
   copied G2 -> G1; when it lands the blocks are registered in G1 and the request is admitted
-  ahead of the waiting queue at a later pass, once the rest of its blocks fit.
+  ahead of the waiting queue at a later pass, once the rest of its blocks fit. Looking a
+  request up refreshes its prompt's G2 blocks. A request that needs blocks still being loaded
+  for another (or whose own store is in flight) is set aside the same way, without holding up
+  the queue behind it.
 * **Timing.** Copies use `model.kv.link.Link`: a private G2 has one FIFO lane per direction
   (a copy starts when the one before it ends); a cluster-shared G2, and every G3, share bandwidth
   by processor sharing, a copy's rate being min(pool bandwidth / copies in flight, worker
