@@ -46,15 +46,7 @@ FIELDS = (
     "output_length",
     "terminal_status",
 )
-PD_FIELDS = (
-    "prefill_admit_ms",
-    "source_held_ms",
-    "destination_reserved_ms",
-    "destination_activated_ms",
-    "decode_admit_ms",
-    "source_released_ms",
-    "decode_reused_input_tokens",
-)
+PD_FIELDS = (*cd.PD_TIME_FIELDS, "decode_reused_input_tokens")
 
 
 def random_rows(rng: random.Random) -> list[dict[str, Any]]:

@@ -97,6 +97,14 @@ def make_config(**sections: Any) -> RunConfig:
     return validate_config(_merge(BASE, sections))
 
 
+# three requests (two share a prefix block, one decodes nothing): the CLI and run-output tests
+TINY_ROWS: list[dict[str, Any]] = [
+    {"timestamp": 0, "input_length": 1000, "output_length": 5, "hash_ids": [1, 2]},
+    {"timestamp": 10, "input_length": 700, "output_length": 3, "hash_ids": [1, 3]},
+    {"timestamp": 25, "input_length": 300, "output_length": 0, "hash_ids": [4]},
+]
+
+
 def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path

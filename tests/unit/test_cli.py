@@ -10,18 +10,12 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import run_servesim
+from conftest import TINY_ROWS, run_servesim, write_jsonl
 
 from model import native
 from model.cli import format_summary
 
 REPO = Path(__file__).resolve().parents[2]
-
-ROWS = [
-    {"timestamp": 0, "input_length": 1000, "output_length": 5, "hash_ids": [1, 2]},
-    {"timestamp": 10, "input_length": 700, "output_length": 3, "hash_ids": [1, 3]},
-    {"timestamp": 25, "input_length": 300, "output_length": 0, "hash_ids": [4]},
-]
 
 
 def servesim(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -30,9 +24,7 @@ def servesim(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture
 def tiny_trace(tmp_path: Path) -> Path:
-    path = tmp_path / "tiny.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
-    return path
+    return write_jsonl(tmp_path / "tiny.jsonl", TINY_ROWS)
 
 
 def test_default_run_prints_a_summary_and_writes_tables(tmp_path):

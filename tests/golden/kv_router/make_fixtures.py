@@ -73,17 +73,8 @@ MOCKER_FIXTURES = _mocker_fixtures()
 # The mocker's defaults (ai-dynamo-runtime 1.6.1, vLLM backend), as tests/golden/mocker writes
 # them, so each case.json states exactly what the mocker was given.
 DEFAULT_ENGINE: dict[str, Any] = dict(MOCKER_FIXTURES.DEFAULT_ENGINE)
-# servesim's conf/router/kv.yaml, in the mocker's field names (compare_dynamo's translation)
-DEFAULT_ROUTER: dict[str, Any] = {
-    "overlap_score_credit": 1.0,
-    "prefill_load_scale": 1.0,
-    "host_cache_hit_weight": 0.75,
-    "disk_cache_hit_weight": 0.25,
-    "decode_active_request_weight": 0.0,
-    "router_temperature": 0.0,
-    "router_queue_threshold": None,
-    "router_queue_policy": "fcfs",
-}
+# servesim's conf/router/kv.yaml in the mocker's field names: the same values as the mocker's defaults
+DEFAULT_ROUTER: dict[str, Any] = dict(MOCKER_FIXTURES.ZX_ROUTER)
 BASE_OVERRIDES = [
     "experiment=dynamo_compat",
     "workload=mooncake",
