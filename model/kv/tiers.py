@@ -84,6 +84,11 @@ class TierPool:
         self.n_evicted = 0
         self.n_dropped = 0  # blocks a copy could not find room for
         self._level = (-1, -1)
+        # the LRU order changes only by `touch` and `refresh` (evicting keeps the others'
+        # order): `_moves` counts them, `_touched` is the last key list touched, at `_touched_at`
+        self._moves = 0
+        self._touched: list[int] | None = None
+        self._touched_at = -1
         # the ranks that read this tier (one, or every rank of a shared pool), told when
         # blocks land: a request there may be waiting for them
         self.readers: list[RankTiers] = []
@@ -91,6 +96,12 @@ class TierPool:
     @property
     def free_blocks(self) -> int:
         return self.capacity_blocks - len(self.resident) - len(self.incoming)
+
+    @property
+    def evictable_blocks(self) -> int:
+        """Resident blocks no copy out of this tier is reading (few are: count the pins)."""
+        resident = self.resident
+        return len(resident) - sum(1 for k in self.pins if k in resident)
 
     def lookup(self, keys: list[int]) -> int:
         """How many leading `keys` are resident (readable)."""
@@ -104,10 +115,15 @@ class TierPool:
     def touch(self, keys: list[int]) -> None:
         """Mark `keys` recently used; the first key ends up the most recent (a prefix outlives
         its suffix)."""
+        if keys is self._touched and self._moves == self._touched_at:
+            return  # touched last, and no block moved since: the order is already this one
         resident = self.resident
-        for k in reversed(keys):
-            if k in resident:
-                resident.move_to_end(k)
+        move_to_end = resident.move_to_end
+        for k in filter(resident.__contains__, reversed(keys)):
+            move_to_end(k)
+        self._moves += 1
+        self._touched = keys
+        self._touched_at = self._moves
 
     def reserve(self, keys: list[int]) -> list[int] | None:
         """Take room for the `keys` this tier lacks (in order, each once), evicting least
@@ -126,7 +142,7 @@ class TierPool:
             return []
         short = len(missing) - self.free_blocks
         if short > 0:
-            if sum(1 for k in resident if k not in self.pins) < short:
+            if self.evictable_blocks < short:
                 self.n_dropped += len(missing)
                 return None
             self._evict(short)
@@ -154,6 +170,7 @@ class TierPool:
 
     def refresh(self, keys: list[int]) -> None:
         """Make `keys` the most recently used, in their order (the first the oldest)."""
+        self._moves += 1
         resident = self.resident
         for k in keys:
             resident[k] = None
@@ -175,7 +192,7 @@ class TierPool:
 
     def _sample(self) -> None:
         used = len(self.resident) + len(self.incoming)
-        cached = len(self.resident) - sum(1 for k in self.pins if k in self.resident)
+        cached = self.evictable_blocks
         level = (used, cached)
         if level != self._level:
             self._level = level

@@ -9,9 +9,11 @@ block per ms.
 from __future__ import annotations
 
 import pytest
+import simpy
 
 from model import simulate
 from model.config import ConfigError
+from model.kv.tiers import TierPool
 
 FIXED = {"kind": "fixed", "prefill_ms": 10.0, "decode_ms": 1.0}
 BLOCK_BYTES = 64 * 131072
@@ -279,3 +281,31 @@ def test_pd_host_tier_on_both_roles_and_handoff_uses_device_residency_only(confi
     pd_rows = copies(r, "pd")
     # the second request finds both blocks cached in the decode worker's G1: nothing moves
     assert list(pd_rows.tokens) == [128, 0]
+
+
+class _Levels:
+    """A recorder stand-in for a lone TierPool: it keeps nothing."""
+
+    def kv_level(self, *args: object) -> None:
+        pass
+
+
+def test_a_touch_repeated_after_other_blocks_moved_moves_them_again():
+    """Touching a prompt puts its blocks at the recent end, its first block the most recent;
+    touching it again is a no-op only while no other block moved in between."""
+    pool = TierPool(simpy.Environment(), "g2", "host", 8, _Levels(), False)  # type: ignore[arg-type]
+    prompt = [1, 2, 3]
+    for keys in ([1, 2, 3], [4], [5]):
+        assert pool.reserve(keys) == keys
+        pool.land(keys)
+    pool.touch(prompt)
+    assert list(pool.resident) == [4, 5, 3, 2, 1]
+    pool.touch(prompt)
+    assert list(pool.resident) == [4, 5, 3, 2, 1]
+    pool.touch([4])
+    pool.touch(prompt)
+    assert list(pool.resident) == [5, 4, 3, 2, 1]
+    assert pool.reserve([6]) == [6]
+    pool.land([6])
+    pool.touch(prompt)
+    assert list(pool.resident) == [5, 4, 6, 3, 2, 1]
