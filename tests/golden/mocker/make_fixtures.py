@@ -1616,6 +1616,36 @@ ZY_CASES = [
 CASES += ZY_CASES
 
 
+# P/D rules found on the tier fuzz's and the conversation trace's differences (cases zw*).
+# README.md gives the timelines.
+def zw_zero_output_same_instant_trace() -> list[Row]:
+    """A (output 0) and B (output 6) arrive together, share a prefill pass and are delivered
+    (instantly) to the idle decode worker at its end, A first: A joins B's first decode pass
+    and ends at its end. C (output 0) later reaches an idle decode worker alone and ends at
+    its activation."""
+    return [
+        {"timestamp": 0, "input_length": 32, "output_length": 0, "hash_ids": [1]},
+        {"timestamp": 0, "input_length": 128, "output_length": 6, "hash_ids": [2, 3]},
+        {"timestamp": 100, "input_length": 96, "output_length": 0, "hash_ids": [4, 5]},
+    ]
+
+
+ZW_CASES = [
+    Case(
+        "zw1_pd_zero_output_same_instant",
+        "3 requests, P/D, fixed 10 / 3 ms, instant transfers: an output-0 request delivered to "
+        "an idle decode worker at the instant another request is delivered there joins that "
+        "request's first pass",
+        zw_zero_output_same_instant_trace,
+        trace_block_size=64,
+        engine={"timing_model": {"type": "fixed", "prefill_ms": 10.0, "decode_ms": 3.0}},
+        servesim_overrides=("timing=fixed", "timing.prefill_ms=10.0", "timing.decode_ms=3.0"),
+        pd=(1, 1),
+    ),
+]
+CASES += ZW_CASES
+
+
 # --------------------------------------------------------------------------- writing
 
 
