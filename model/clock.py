@@ -27,6 +27,10 @@ ARRIVAL = 1
 # agentic replay dispatches the requests released at an instant together, in request-id order
 # (as Dynamo's mocker does), after the instant's timers and completions have released them
 AGENTIC_RELEASE = 1.5
+# a P/D decode worker that was idle when requests with nothing to decode were delivered to it
+# settles them here, once every transfer of the instant has landed (Dynamo's decode worker
+# looks at its queue only then: a request delivered at the same instant makes it busy)
+SETTLE_DELIVERED = 2.5
 PASS_START = 3  # (2 is kept for telemetry)
 
 

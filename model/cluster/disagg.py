@@ -24,7 +24,7 @@ from collections import deque
 import numpy as np
 import simpy
 
-from model.clock import TRANSFER_END, fire
+from model.clock import SETTLE_DELIVERED, TRANSFER_END, at_time, fire
 from model.cluster.base import ClusterBase
 from model.cluster.handoff import handoff
 from model.config.derived import num_gpu_blocks, role_engines, transfer_bytes_per_token
@@ -351,25 +351,40 @@ class DisaggCluster(ClusterBase):
         req.destination_activated_ms = self.env.now
         del self.between_pools[req.idx]
         if req.output_length == 0 and not dest.worker.has_work():
-            # nothing to decode and no pass to join: it ends here (admitted and done at once,
-            # as in Dynamo), and its reserved KV goes back. On a worker with work it joins the
-            # next pass like any delivered request, at no cost, and ends at that pass's end.
-            req.decode_admit_ms = self.env.now
-            # its prompt blocks are registered (and stay cached once released); Dynamo tries
-            # the rank's reservation queue once while they are still held, and again after
-            dest.rank.scheduler.materialize(req)
-            self.try_reserve(dest)
-            tiers = dest.rank.scheduler.tiers
-            if tiers is not None:  # its prompt is stored to G2 before its blocks go back
-                tiers.store_delivered(req)
-            dest.rank.pool.release(req)
-            dest.worker.sample_kv()
-            dest.worker.wake()  # the freed blocks may admit what waits there
-            self.end(req, COMPLETED)
-        else:
+            # nothing to decode on an idle worker: whether it ends here or joins a pass is
+            # settled once every transfer of this instant has landed
+            at_time(self.env, self.env.now, SETTLE_DELIVERED).callbacks.append(
+                lambda _: self._settle_delivered(req, dest)
+            )
+            return
+        dest.rank.scheduler.activate(req)
+        dest.worker.sample_kv()
+        dest.worker.wake()
+        self.try_reserve(dest)
+
+    def _settle_delivered(self, req: Request, dest: Destination) -> None:
+        """A request with nothing to decode was delivered (now) to an idle decode worker.
+        If nothing else was delivered there at this instant, it ends here (admitted and done
+        at once, as in Dynamo) and its reserved KV goes back; otherwise it joins the pass that
+        starts now like any delivered request, at no cost, and ends at that pass's end."""
+        if dest.worker.has_work():
             dest.rank.scheduler.activate(req)
             dest.worker.sample_kv()
             dest.worker.wake()
+            self.try_reserve(dest)
+            return
+        req.decode_admit_ms = self.env.now
+        # its prompt blocks are registered (and stay cached once released); Dynamo tries the
+        # rank's reservation queue once while they are still held, and again after
+        dest.rank.scheduler.materialize(req)
+        self.try_reserve(dest)
+        tiers = dest.rank.scheduler.tiers
+        if tiers is not None:  # its prompt is stored to G2 before its blocks go back
+            tiers.store_delivered(req)
+        dest.rank.pool.release(req)
+        dest.worker.sample_kv()
+        dest.worker.wake()  # the freed blocks may admit what waits there
+        self.end(req, COMPLETED)
         self.try_reserve(dest)
 
     def release_source(self, copy: Request) -> None:

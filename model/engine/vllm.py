@@ -575,6 +575,10 @@ class VllmScheduler:
                 queue, k = waiting, 0
                 continue
             req = queue[k]
+            if budget == 0 and self.tiers is not None:
+                # with KV tiers a spent budget stops admission, even of KV delivered by a
+                # transfer (Dynamo's connector path admits nothing once the budget is gone)
+                break
             if req.materialized:
                 del queue[k]
                 self._admit_materialized(req, batch, now_ms)

@@ -1616,6 +1616,68 @@ ZY_CASES = [
 CASES += ZY_CASES
 
 
+# P/D rules found on the tier fuzz's and the conversation trace's differences (cases zw*).
+# README.md gives the timelines.
+def zw_zero_output_same_instant_trace() -> list[Row]:
+    """A (output 0) and B (output 6) arrive together, share a prefill pass and are delivered
+    (instantly) to the idle decode worker at its end, A first: A joins B's first decode pass
+    and ends at its end. C (output 0) later reaches an idle decode worker alone and ends at
+    its activation."""
+    return [
+        {"timestamp": 0, "input_length": 32, "output_length": 0, "hash_ids": [1]},
+        {"timestamp": 0, "input_length": 128, "output_length": 6, "hash_ids": [2, 3]},
+        {"timestamp": 100, "input_length": 96, "output_length": 0, "hash_ids": [4, 5]},
+    ]
+
+
+def zw_spent_budget_trace() -> list[Row]:
+    """A and B (output 20) decode from 10 and spend the decode worker's 2-token budget every
+    pass; C (output 5) is delivered at 20 and waits until A and B end (30)."""
+    return [
+        {"timestamp": 0, "input_length": 64, "output_length": 20, "hash_ids": [1]},
+        {"timestamp": 0, "input_length": 64, "output_length": 20, "hash_ids": [2]},
+        {"timestamp": 5, "input_length": 64, "output_length": 5, "hash_ids": [3]},
+    ]
+
+
+ZW_CASES = [
+    Case(
+        "zw1_pd_zero_output_same_instant",
+        "3 requests, P/D, fixed 10 / 3 ms, instant transfers: an output-0 request delivered to "
+        "an idle decode worker at the instant another request is delivered there joins that "
+        "request's first pass",
+        zw_zero_output_same_instant_trace,
+        trace_block_size=64,
+        engine={"timing_model": {"type": "fixed", "prefill_ms": 10.0, "decode_ms": 3.0}},
+        servesim_overrides=("timing=fixed", "timing.prefill_ms=10.0", "timing.decode_ms=3.0"),
+        pd=(1, 1),
+    ),
+    ZxCase(
+        "zw2_pd_host_spent_budget_delivered",
+        "3 requests, P/D, fixed 10 / 1 ms, a 30-block G2 per rank, decode budget 2 tokens: "
+        "with KV tiers a spent budget keeps a delivered request out of the pass",
+        zw_spent_budget_trace,
+        trace_block_size=64,
+        engine={
+            "timing_model": {"type": "fixed", "prefill_ms": 10.0, "decode_ms": 1.0},
+            "kv_cache_bytes_per_token": KV_BYTES_PER_TOKEN,
+        },
+        decode={"max_num_batched_tokens": 2},
+        pd=(1, 1),
+        servesim_overrides=(
+            "timing=fixed",
+            "timing.prefill_ms=10.0",
+            "timing.decode_ms=1.0",
+            "kv_cache.host_offload.num_host_blocks=30",
+            "kv_cache.host_offload.d2h_bandwidth_gbps=8.388608",
+            "kv_cache.host_offload.h2d_bandwidth_gbps=8.388608",
+        ),
+        tiers={"native_host_offload": zx_host(30)},
+    ),
+]
+CASES += ZW_CASES
+
+
 # --------------------------------------------------------------------------- writing
 
 
