@@ -706,9 +706,14 @@ class VllmScheduler:
         # G1 blocks for what the copy brings (the rest are taken when it is admitted); a block
         # a store to G2 is still reading delays the copy until that store lands
         n_disk = tiers.reserve_load(keys[:n_host], keys[n_host:])
+        fenced_before = len(pool.fenced)  # (the pass's own, from its decode steps, stay its)
         if not pool.allocate(req, n_host + n_disk):  # pragma: no cover - checked by caller
             raise RuntimeError(f"load check passed but allocation failed for {req}")
-        fences = tiers.landings(pool.take_fenced()) if pool.fenced else []
+        fences = (
+            tiers.landings(pool.take_fenced(fenced_before))
+            if len(pool.fenced) > fenced_before
+            else []
+        )
         keys = keys[: n_host + n_disk]
         tiers.load(req, keys[:n_host], keys[n_host:], self._landing(req, hit, keys), fences)
         tiers.g1_changed()

@@ -159,11 +159,13 @@ class PoolBase:
         req.held_private_blocks += n_blocks
         return True
 
-    def take_fenced(self) -> list[Key]:
-        """The pinned blocks evicted since the last call (their copies fence the reuse)."""
+    def take_fenced(self, since: int = 0) -> list[Key]:
+        """The pinned blocks evicted since the last call (their copies fence the reuse), from
+        the `since`-th on (those before it stay for whoever evicted them)."""
         fenced = self.fenced
-        self.fenced = []
-        return fenced
+        taken = fenced[since:]
+        del fenced[since:]
+        return taken
 
     def _evicted(self, key: Key, events: list[tuple[str, int]] | None) -> None:
         """Bookkeeping after evicting `key`: drop it from its copies; `removed` when it was

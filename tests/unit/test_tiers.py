@@ -309,3 +309,58 @@ def test_a_touch_repeated_after_other_blocks_moved_moves_them_again():
     pool.land([6])
     pool.touch(prompt)
     assert list(pool.resident) == [5, 4, 6, 3, 2, 1]
+
+
+class _StubTiers:
+    """KV tiers for one scheduler, reduced to what a pass asks of them: every prompt continues
+    in G2 after its G1 hit, and a store's landing is named after the block it reads."""
+
+    def __init__(self) -> None:
+        self.g2 = TierPool(simpy.Environment(), "g2", "host", 8, _Levels(), False)  # type: ignore[arg-type]
+        self.loads: list[tuple[str, list[str]]] = []
+
+    def lookup(self, hashes, start, stop):
+        return stop - start, 0, False
+
+    def reserve_load(self, host_keys, disk_keys):
+        return 0
+
+    def landings(self, keys):
+        return [f"store of {k}" for k in keys]
+
+    def load(self, req, host_keys, disk_keys, landed, fences):
+        self.loads.append((req.request_id, fences))
+
+    def g1_changed(self):
+        pass
+
+    def prepare_stores(self, batch):
+        pass
+
+
+def test_a_pass_and_a_load_it_starts_each_wait_for_the_stores_they_evicted_from():
+    """R's decode step evicts block 203 (a store to G2 still reads it), then C's load in the
+    same pass evicts 202: the pass waits for 203's store, the load for 202's."""
+    from model.config.schema import VllmEngineConfig
+    from model.engine.vllm import VllmScheduler
+    from model.kv.block_pool import BlockPool
+    from model.workload.hashing import BlockHasher
+    from model.workload.request import Request
+
+    cfg = VllmEngineConfig(block_size=4, max_num_batched_tokens=64, max_num_seqs=8)
+    pool = BlockPool(5, True, False)
+    sched = VllmScheduler(cfg, pool, BlockHasher(4), lambda *_: None)
+    sched.tiers = tiers = _StubTiers()  # type: ignore[assignment]
+    r = Request(0, "R", 4, 10, [100])
+    sched.enqueue(r)
+    sched.finish(sched.schedule(0), 1)  # R's prompt fills its one block; it decodes next
+    x = Request(1, "X", 16, 0, [200, 201, 202, 203])  # four released blocks, stores reading them
+    pool.allocate(x, 4)
+    x.num_computed_tokens = 16
+    pool.register_many(x, [200, 201, 202, 203])
+    pool.pin([203, 202, 201, 200])
+    pool.release(x)
+    sched.enqueue(Request(2, "C", 8, 1, [300, 301]))
+    batch = sched.schedule(1)
+    assert batch.fences == ["store of 203"]
+    assert tiers.loads == [("C", ["store of 202"])]
