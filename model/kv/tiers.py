@@ -125,25 +125,30 @@ class TierPool:
         self._touched = keys
         self._touched_at = self._moves
 
-    def reserve(self, keys: list[int]) -> list[int] | None:
+    def reserve(self, keys: list[int], counted: int = 0) -> list[int] | None:
         """Take room for the `keys` this tier lacks (in order, each once), evicting least
         recently used unpinned blocks; returns them. All or nothing: when they cannot all have
-        room, nothing is taken or evicted and the answer is None (the copy is dropped)."""
+        room, nothing is taken or evicted and the answer is None (the copy is dropped, and its
+        blocks count in `n_dropped`, but for the first `counted` keys: a retry of a copy
+        refused before)."""
         resident = self.resident
         incoming = self.incoming
         seen: set[int] = set()
         missing = []
-        for k in keys:
+        n_new = 0  # missing blocks not counted by an earlier refusal
+        for i, k in enumerate(keys):
             if k in resident or k in incoming or k in seen:
                 continue
             seen.add(k)
             missing.append(k)
+            if i >= counted:
+                n_new += 1
         if not missing:
             return []
         short = len(missing) - self.free_blocks
         if short > 0:
             if self.evictable_blocks < short:
-                self.n_dropped += len(missing)
+                self.n_dropped += n_new
                 return None
             self._evict(short)
         incoming.update(missing)
@@ -270,8 +275,10 @@ class RankTiers:
         blocks pinned: the copy to start, or None (nothing to copy, or no room for it all)."""
         start = req.host_cursor
         keys = req.prompt_hashes[start:n_full]
-        admitted = self.g2.reserve(keys)
+        # a refused store is tried again at the request's later passes: its blocks count once
+        admitted = self.g2.reserve(keys, counted=req.host_refused - start)
         if admitted is None:
+            req.host_refused = max(req.host_refused, n_full)
             return None
         req.host_cursor = n_full
         if not admitted:

@@ -48,10 +48,11 @@ class Request:
         "n_preemptions",
         "n_admissions",
         # KV tiers: prompt blocks already copied to G2 (and the copy in flight); an admission's
-        # reuse by tier; the G1
-        # blocks a finished G2/G3 load brought (cached blocks of its coming admission)
+        # reuse by tier; the G1 blocks a finished G2/G3 load brought (cached blocks of its
+        # coming admission)
         "host_cursor",
         "host_store",  # its latest store to G2 while in flight (the event of its landing)
+        "host_refused",  # prompt blocks up to which a store G2 had no room for was counted
         "admit_host_tokens",
         "admit_disk_tokens",
         "loaded_blocks",
@@ -125,6 +126,7 @@ class Request:
         self.n_preemptions = 0
         self.n_admissions = 0
         self.host_cursor = 0
+        self.host_refused = 0
         self.host_store: simpy.Event | None = None
         self.admit_host_tokens = 0
         self.admit_disk_tokens = 0

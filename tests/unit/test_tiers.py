@@ -134,6 +134,23 @@ def test_host_pool_evicts_lru_and_drops_what_cannot_fit(config, trace):
     assert len(copies(r, "h2d")) == 0
 
 
+def test_a_store_refused_at_every_pass_counts_its_blocks_once(config, trace):
+    """A 6-block prompt cannot fit a 4-block G2: its store is refused at the pass that
+    computes it and tried again at each of its 49 decode passes; `host_dropped_blocks` counts
+    the 6 blocks once (it counted 300)."""
+    cfg = config(
+        workload={"kind": "mooncake", "path": trace([row(0, 384, 50, [1, 2, 3, 4, 5, 6])])},
+        timing=FIXED,
+        engine={"num_gpu_blocks": 16},
+        kv_cache={"host_offload": dict(HOST, num_host_blocks=4)},
+        output={"progress": "off"},
+    )
+    r = simulate(cfg)
+    assert r.summary["completed_requests"] == 1
+    assert r.summary["host_dropped_blocks"] == 6
+    assert len(copies(r, "d2h")) == 0
+
+
 DISK = {
     "num_g3_blocks": 100,
     "latency_to_first_byte_ms": 0.5,
