@@ -115,7 +115,7 @@ from model.config.schema import (
     TraceLoad,
     VllmEngineConfig,
 )
-from model.sim import write_requests_jsonl
+from model.rundir import write_requests_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO / "conf"

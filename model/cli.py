@@ -15,9 +15,10 @@ This is the only module that imports Hydra. Its exit status is a contract (docs/
          said on stderr)
     130  interrupted by SIGINT (Ctrl-C), 143 by SIGTERM: no summary.json is written
 
-A run directory follows model/rundir.py: a run that does not complete leaves `error.json` and
-no `summary.json`. In a multirun a failing job records its error and the sweep goes on; the
-multirun then exits with the status of its first failed job.
+A run directory follows model/rundir.py: a run that fails or is interrupted leaves `error.json`
+and no `summary.json` (one that completes no request leaves both, and exits 3). In a multirun a
+failing job records its error and the sweep goes on; the multirun then exits with the status of
+its first failed job.
 """
 
 from __future__ import annotations

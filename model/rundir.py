@@ -7,7 +7,8 @@ The contract (docs/running.md):
 * `summary.json` is written last: its presence means the run finished and every table beside
   it is this run's;
 * a run that fails or is interrupted writes `error.json` (its status, exit status and message)
-  and no `summary.json`;
+  and no `summary.json`; one that ends without completing a single request writes both (its
+  summary, and `error.json` saying why it exits 3);
 * before a run writes anything, the files a previous servesim run left in the directory are
   removed: only servesim's own names (`RUN_FILES`), never other files (Hydra's `.hydra/` and
   its log stay).

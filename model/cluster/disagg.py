@@ -194,7 +194,9 @@ class DisaggCluster(ClusterBase):
                 parent.prefill_admit_ms = parent.first_admit_ms = now_ms
                 parent.first_admission_reused_tokens = reused_tokens
             parent.note_reuse(reused_tokens, req.admit_host_tokens, req.admit_disk_tokens)
-            for router in self.ordered_routers:  # the prefill router, with a pending queue
+            # KV routers with a pending queue: the one that routed this prefill copy orders
+            # its signals by admission (a decode router's flights are admitted in arrival order)
+            for router in self.ordered_routers:
                 router.admitted(req)
             return
         if req.n_admissions == 1:  # a decode admission

@@ -19,7 +19,11 @@ Per pass, with a budget of `max_num_batched_tokens`:
 With KV tiers (`model.kv.tiers`), an admission whose prefix continues in G2 (or G3) leaves the
 queue while those blocks are copied to G1 (taking G1 blocks for them), and once they land it is
 admitted before anything in `waiting` when the rest of its blocks fit, with what G1 and the copy
-hold as its cached prefix.
+hold as its cached prefix. A request whose blocks below G1 are still on their way (another's
+load, a store in flight) is deferred: it leaves the queue, the requests behind it may go, and it
+is retried ahead of the queue. A pass that reuses a G1 block a store to G2 still reads, or that
+preempts a request whose store is in flight, computes once that store has landed (`fences`).
+With tiers a spent budget stops all admission.
 
 A request whose prompt can never fit (`>= max_model_len`, or more blocks than the pool) is
 rejected with a reason rather than queued forever.
@@ -46,7 +50,7 @@ if TYPE_CHECKING:
 OK = 0
 BLOCKED = -1
 SELF_PREEMPTED = -2
-# what a waiting request's blocks below G1 mean for its admission (`_start_load`)
+# what a waiting request's blocks below G1 mean for its admission (`_lower_hit`)
 NO_COPY = 0  # none to copy in: admitted as usual
 LOADING = 1  # a copy into G1 started: it waits for it out of the queue
 DEFERRED = 2  # some are still on their way: it waits among the deferred

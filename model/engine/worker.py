@@ -539,7 +539,9 @@ class Worker:
         self.last_end_ms = self.env.now
         if self._landed:
             while self._landed:
-                self._landed.pop(0)()
+                landed, self._landed = self._landed, []
+                for command in landed:
+                    command()
             self.sample_kv()
         for batch in batches:
             for req, reason in batch.rejected:

@@ -201,12 +201,13 @@ class BlockPool(PoolBase):
 
     @property
     def n_active(self) -> int:
-        """Blocks in use: held by a request, or pinned by a copy out of this pool."""
+        """Blocks in use: held by a request, or read by a copy out of this pool (those count
+        as used although an allocation may evict them, its reuse then waiting for the copy)."""
         return len(self.blocks) - self.n_inactive + self.n_private + self.n_pinned_inactive
 
     @property
     def n_cached(self) -> int:
-        """Cached blocks nobody holds (evictable)."""
+        """Cached blocks nobody holds and no copy reads."""
         return self.n_inactive - self.n_pinned_inactive
 
     @property
@@ -456,11 +457,11 @@ class BlockPool(PoolBase):
 
     def pin(self, keys: list[Key]) -> None:
         """A copy out of this pool reads blocks (active ones, by key): released, they keep
-        their place in the LRU but are not evicted until `unpin`."""
+        their place in the LRU; evicting one before `unpin` fences its reuse (`fenced`)."""
         count_in(self.pinned, keys)
 
     def unpin(self, keys: list[Key]) -> None:
-        """A copy out of this pool landed: blocks nobody holds become evictable."""
+        """A copy out of this pool landed: blocks nobody holds are plain cached blocks again."""
         blocks = self.blocks
         for key in count_out(self.pinned, keys):
             c = blocks.get(key)

@@ -405,8 +405,7 @@ class RankTiers:
         g2 = self.g2
         g2.pin(host_keys)
         staged: list[int] = []
-        if disk_keys:
-            g2.touch(disk_keys)
+        if disk_keys:  # (none of them is in G2: `lookup` counts only those it lacks)
             staged = g2.reserve(disk_keys) or []
         if staged:
             assert self.g3 is not None

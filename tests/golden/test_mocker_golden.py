@@ -52,7 +52,7 @@ from omegaconf import OmegaConf
 
 from model import Result, simulate, validate_config
 from model.config.derived import role_engines
-from model.sim import write_requests_jsonl
+from model.rundir import write_requests_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
 CONF_DIR = REPO / "conf"
