@@ -15,7 +15,7 @@ from model.config.schema import RunConfig, VllmEngineConfig
 from model.engine.vllm import VllmScheduler
 from model.engine.worker import Worker
 from model.kv.group_pool import choose_pool
-from model.kv.tiers import TierBuilder
+from model.kv.tier_builder import TierBuilder
 from model.metrics.recorder import COMPLETED, REJECTED, Recorder
 from model.router import KvRouter, Router
 from model.timing import frontend_latency_ms
