@@ -475,9 +475,7 @@ class RankTiers:
         )
         g2 = self.g2
         g2.unpin(keys)
-        if disk_keys:
-            g2.touch(keys)
-        else:  # read, they rejoin the LRU together: the most recent, one cohort
-            g2.refresh(self.cohort(req, [k for k in keys if k in g2.resident]))
+        # read (those staged from G3 too), they rejoin the LRU together: the most recent, one cohort
+        g2.refresh(self.cohort(req, [k for k in keys if k in g2.resident]))
         worker.apply(lambda: landed(len(host_keys), len(disk_keys)))
         worker.wake()
