@@ -10,6 +10,11 @@ it):
   stay pinned until the copy, started at the pass end, lands (a pass that would evict a G1 block
   still being read waits for that copy first). With G3, blocks that land in G2 are written
   behind to G3 the same way (G2 source pinned until the write lands).
+* **Recency of blocks freed together.** Dynamo's G2 LRU is ordered by (epoch, block key): the
+  blocks of a landed store get one epoch, and so do a load's blocks when its copy to G1 lands
+  (`RankTiers.cohort`). Among them the one with the smallest Dynamo sequence hash
+  (model/workload/dynamo_ids.py) is the oldest, so servesim lands and refreshes them in that
+  order. Lookup touches are per block (the first block the most recent).
 * **Load (G2 -> G1).** At admission, after the G1 prefix lookup, the consecutive blocks after the
   G1 prefix found in G2 (then in G3) are a hit: the scheduler takes G1 blocks for them, the
   request leaves the waiting queue, G3 hits are staged into G2 (G3 -> G2), then every hit is
