@@ -355,10 +355,12 @@ class RankTiers:
         model/workload/dynamo_ids.py). Without trace hash ids, the given order."""
         if req.canonical_ids is None or len(keys) < 2:
             return keys
-        ids, tbs = req.canonical_ids
+        dynamo = req.dynamo_hashes
+        if dynamo is None:  # computed once per request, the first time a tier needs them
+            ids, tbs = req.canonical_ids
+            n_blocks = len(req.prompt_hashes)
+            dynamo = req.dynamo_hashes = dynamo_sequence_hashes(ids, n_blocks, tbs, self.block_size)
         pos = {h: i for i, h in enumerate(req.prompt_hashes)}
-        n_blocks = max(pos[k] for k in keys) + 1
-        dynamo = dynamo_sequence_hashes(ids, n_blocks, tbs, self.block_size)
         return sorted(keys, key=lambda k: dynamo[pos[k]])
 
     def landings(self, keys: list[Any]) -> list[simpy.Event]:
