@@ -10,6 +10,11 @@ it):
   stay pinned until the copy, started at the pass end, lands (a pass that would evict a G1 block
   still being read waits for that copy first). With G3, blocks that land in G2 are written
   behind to G3 the same way (G2 source pinned until the write lands).
+* **Recency of blocks freed together.** Dynamo's G2 LRU is ordered by (epoch, block key): the
+  blocks of a landed store get one epoch, and so do a load's blocks when its copy to G1 lands
+  (`RankTiers.cohort`). Among them the one with the smallest Dynamo sequence hash
+  (model/workload/dynamo_ids.py) is the oldest, so servesim lands and refreshes them in that
+  order. Lookup touches are per block (the first block the most recent).
 * **Load (G2 -> G1).** At admission, after the G1 prefix lookup, the consecutive blocks after the
   G1 prefix found in G2 (then in G3) are a hit: the scheduler takes G1 blocks for them, the
   request leaves the waiting queue, G3 hits are staged into G2 (G3 -> G2), then every hit is
@@ -39,6 +44,7 @@ import simpy
 from model.kv.block_pool import REMOVED, STORED, count_in, count_out, evict_oldest
 from model.kv.link import Link
 from model.metrics.recorder import Recorder
+from model.workload.dynamo_ids import dynamo_sequence_hashes
 from model.workload.request import Request
 
 if TYPE_CHECKING:
@@ -311,9 +317,11 @@ class RankTiers:
         g2 = self.g2
         shared = len(g2.readers) > 1
 
+        cohort = self.cohort(req, admitted)
+
         def apply() -> None:
             if not shared:
-                g2.land(admitted)
+                g2.land(cohort)
             pool.unpin(g1_keys)
             self._write_behind(req.request_id, admitted)
 
@@ -321,7 +329,7 @@ class RankTiers:
             # an instant copy lands as it starts (Dynamo settles zero-latency copies at the
             # boundary that submits them, before anything else there looks at the pool)
             if shared:
-                g2.land(admitted)
+                g2.land(cohort)
             apply()
             return
 
@@ -332,13 +340,28 @@ class RankTiers:
                 if store_of.get(k) is done:
                     del store_of[k]
             if shared:  # other workers read these blocks now, whatever this one is doing
-                g2.land(admitted)
+                g2.land(cohort)
             worker.copy_landed(apply)
 
         done.callbacks.append(landed)
         req.host_store = done
         for k in g1_keys:
             store_of[k] = done
+
+    def cohort(self, req: Request, keys: list[int]) -> list[int]:
+        """`req`'s prompt blocks `keys` in the order Dynamo's G2 LRU gives blocks that become
+        evictable together (a landed store, a finished load): they share one recency, ties
+        broken by Dynamo's sequence hash (ascending: the smallest is evicted first; see
+        model/workload/dynamo_ids.py). Without trace hash ids, the given order."""
+        if req.canonical_ids is None or len(keys) < 2:
+            return keys
+        dynamo = req.dynamo_hashes
+        if dynamo is None:  # computed once per request, the first time a tier needs them
+            ids, tbs = req.canonical_ids
+            n_blocks = len(req.prompt_hashes)
+            dynamo = req.dynamo_hashes = dynamo_sequence_hashes(ids, n_blocks, tbs, self.block_size)
+        pos = {h: i for i, h in enumerate(req.prompt_hashes)}
+        return sorted(keys, key=lambda k: dynamo[pos[k]])
 
     def landings(self, keys: list[Any]) -> list[simpy.Event]:
         """The landings of the stores reading the G1 blocks `keys` (those still in flight)."""
@@ -457,7 +480,9 @@ class RankTiers:
         yield self.h2d.submit(
             req.request_id, len(keys) * self.block_bytes, len(keys) * bs, "h2d", worker.order
         )
-        self.g2.unpin(keys)
-        self.g2.touch(keys)
+        g2 = self.g2
+        g2.unpin(keys)
+        # read (those staged from G3 too), they rejoin the LRU together: the most recent, one cohort
+        g2.refresh(self.cohort(req, [k for k in keys if k in g2.resident]))
         worker.apply(lambda: landed(len(host_keys), len(disk_keys)))
         worker.wake()

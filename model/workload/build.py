@@ -150,6 +150,8 @@ def build_workload(
             delay_ms=delay,
         )
         req.affinity_group = row.group_id
+        if tbs is not None:
+            req.canonical_ids = (hasher.canonical(row.hash_ids), tbs)
         if session is None:
             session = [req]
             sessions.append(session)
@@ -259,6 +261,8 @@ class StreamedWorkload:
             planned_arrival_ms=(ts - self._t0) / self._ratio,
         )
         req.affinity_group = row.group_id
+        if hashed and self._tbs is not None:
+            req.canonical_ids = (self._hasher.canonical(row.hash_ids), self._tbs)
         return req
 
     def _elsewhere(self, row: TraceRow) -> bool:

@@ -36,6 +36,10 @@ class Request:
         "planned_arrival_ms",
         "delay_ms",
         "affinity_group",  # the key sibling_group affinity binds by (None: no lineage)
+        # the prompt's canonical trace ids and the trace block size (None: no hash ids); only
+        # for Dynamo's sequence hashes, G2's tie-break (model/workload/dynamo_ids.py)
+        "canonical_ids",
+        "dynamo_hashes",  # Dynamo's sequence hashes of the prompt's full blocks, once needed
         # scheduler state
         "status",
         "worker_idx",
@@ -113,6 +117,8 @@ class Request:
         self.planned_arrival_ms = planned_arrival_ms
         self.delay_ms = delay_ms
         self.affinity_group: str | None = None
+        self.canonical_ids: tuple[list[int], int] | None = None
+        self.dynamo_hashes: list[int] | None = None
         self.router_entered_ms = 0.0
 
         self.status = Status.PENDING
@@ -181,6 +187,7 @@ class Request:
             turn_index=self.turn_index,
         )
         copy.hold_kv = True
+        copy.canonical_ids = self.canonical_ids
         copy.parent = self
         copy.arrival_ms = self.arrival_ms
         return copy

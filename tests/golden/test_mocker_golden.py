@@ -5,7 +5,7 @@ exact keyword arguments), and the mocker's `summary.json` and per-request `reque
 (its report_jsonl_path records, trimmed to the fields read here plus a few for debugging;
 regenerate them with tests/golden/mocker/make_fixtures.py, see the README there). Cases a-j
 run aggregated workers, cases k-y prefill/decode disaggregation (P/D), cases z1-z2 a G2 host
-tier under aggregated workers, cases zx1-zx8 the KV router (in front of P/D, with dp_size 2,
+tier under aggregated workers, cases zx1-zx9 the KV router (in front of P/D, with dp_size 2,
 with a KV-event lag), G3 and a cluster-shared host pool, cases zy1-zy4 the host-tier rules of
 deferred admission, preemption with a store in flight (aggregated and P/D) and eviction of a
 block a store is still reading, cases zw1-zw2 an output-0 P/D delivery at an instant with

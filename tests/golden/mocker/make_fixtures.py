@@ -1243,6 +1243,16 @@ def zx_store_trace() -> list[Row]:
     ]
 
 
+def zx_cohort_trace() -> list[Row]:
+    """zx_store_trace with A's prompt [1, 1]: A's two G2 blocks land as one cohort and the
+    mocker's sequence hash of the first is the larger, so B's store evicts the second."""
+    return [
+        {"timestamp": 0, "input_length": 128, "output_length": 2, "hash_ids": [1, 1]},
+        {"timestamp": 50, "input_length": 256, "output_length": 1, "hash_ids": [3, 4, 5, 6]},
+        {"timestamp": 100, "input_length": 128, "output_length": 5, "hash_ids": [1, 7]},
+    ]
+
+
 def zx_g3_write_trace() -> list[Row]:
     """6 rows from 4 families on 1 worker (G1 16, G2 12, G3 60 blocks), shrunk from a 40-row
     trace: the last row starts with family 2000's 4 blocks, the 4th of which only G2's LRU
@@ -1382,13 +1392,15 @@ ZX_STORE_ENGINE = {
 }
 
 
-def zx_store_case(name: str, description: str, host_blocks: int) -> ZxCase:
-    """The trace of `zx_store_trace` on 1 worker (G1 4 blocks, fixed 7 / 1 ms) over a G2 of
-    `host_blocks` blocks, one block per ms each way."""
+def zx_store_case(
+    name: str, description: str, host_blocks: int, trace: Callable[[], list[Row]] = zx_store_trace
+) -> ZxCase:
+    """The trace of `zx_store_trace` (or `trace`) on 1 worker (G1 4 blocks, fixed 7 / 1 ms)
+    over a G2 of `host_blocks` blocks, one block per ms each way."""
     return ZxCase(
         name,
         description,
-        zx_store_trace,
+        trace,
         trace_block_size=64,
         engine={**ZX_STORE_ENGINE, "kv_cache_bytes_per_token": KV_BYTES_PER_TOKEN},
         servesim_overrides=(
@@ -1483,6 +1495,13 @@ ZX_CASES = [
         "the trace of zx6 with a G2 of 5 blocks: the 4-block store evicts one block of [1, 2], "
         "the oldest by landing order (differs: README.md)",
         5,
+    ),
+    zx_store_case(
+        "zx9_g2_cohort_key_order",
+        "zx7 with A's prompt [1, 1]: A's two blocks landed together, the store of B evicts "
+        "the one with the smaller Dynamo sequence hash, A's second (differs: README.md)",
+        5,
+        zx_cohort_trace,
     ),
     ZxCase(
         "zx8_g3_write_refreshes_g2",
