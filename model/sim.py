@@ -290,7 +290,10 @@ def _replay(cfg: RunConfig, part: tuple[int, int] | None = None) -> Replay:
     requests of workers k, k + n, ... are replayed (model/parallel.py)."""
     streams = random_streams(cfg.seed)
     # every role shares one block size (checked by role_engines); it may differ from `engine`'s
-    hasher = BlockHasher(next(iter(role_engines(cfg).values())).block_size)
+    hasher = BlockHasher(
+        next(iter(role_engines(cfg).values())).block_size,
+        keep_canonical_ids=cfg.kv_cache.host_offload.num_host_blocks is not None,
+    )
     source = read_source(cfg.workload, streams)
     graph = source if isinstance(source, AgenticGraph) else None
     if graph is not None:

@@ -218,7 +218,8 @@ class AgenticReplay:
             session_id=session,
             turn_index=self._turns[node.request_id],
         )
-        req.canonical_ids = (self.hasher.canonical(ids), self.graph.block_size)
+        if self.hasher.keep_canonical_ids:
+            req.canonical_ids = (self.hasher.canonical(ids), self.graph.block_size)
         self.n_requests += 1
         self.request_rows.append((request_id, play, node.request_id, lane, phase))
         return req

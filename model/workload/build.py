@@ -150,7 +150,7 @@ def build_workload(
             delay_ms=delay,
         )
         req.affinity_group = row.group_id
-        if tbs is not None:
+        if tbs is not None and hasher.keep_canonical_ids:
             req.canonical_ids = (hasher.canonical(row.hash_ids), tbs)
         if session is None:
             session = [req]
@@ -261,7 +261,7 @@ class StreamedWorkload:
             planned_arrival_ms=(ts - self._t0) / self._ratio,
         )
         req.affinity_group = row.group_id
-        if hashed and self._tbs is not None:
+        if hashed and self._tbs is not None and self._hasher.keep_canonical_ids:
             req.canonical_ids = (self._hasher.canonical(row.hash_ids), self._tbs)
         return req
 

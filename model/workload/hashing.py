@@ -34,8 +34,11 @@ NUMPY_MIN_BLOCKS = 48
 class BlockHasher:
     """Canonical trace ids and chained engine-block ids for one run."""
 
-    def __init__(self, block_size: int) -> None:
+    def __init__(self, block_size: int, keep_canonical_ids: bool = False) -> None:
         self.block_size = block_size
+        # whether requests keep their prompts' canonical ids: only a host tier needs them (for
+        # Dynamo's sequence hashes, model/workload/dynamo_ids.py)
+        self.keep_canonical_ids = keep_canonical_ids
         # trace hash id -> id by first appearance: ids below `_identity` map to themselves,
         # the others through the table
         self._identity = 0
