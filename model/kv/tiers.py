@@ -358,10 +358,10 @@ class RankTiers:
         dynamo = req.dynamo_hashes
         if dynamo is None:  # computed once per request, the first time a tier needs them
             ids, tbs = req.canonical_ids
-            n_blocks = len(req.prompt_hashes)
-            dynamo = req.dynamo_hashes = dynamo_sequence_hashes(ids, n_blocks, tbs, self.block_size)
-        pos = {h: i for i, h in enumerate(req.prompt_hashes)}
-        return sorted(keys, key=lambda k: dynamo[pos[k]])
+            hashes = req.prompt_hashes
+            seq = dynamo_sequence_hashes(ids, len(hashes), tbs, self.block_size)
+            dynamo = req.dynamo_hashes = dict(zip(hashes, seq, strict=True))
+        return sorted(keys, key=dynamo.__getitem__)
 
     def landings(self, keys: list[Any]) -> list[simpy.Event]:
         """The landings of the stores reading the G1 blocks `keys` (those still in flight)."""

@@ -39,7 +39,7 @@ class Request:
         # the prompt's canonical trace ids and the trace block size (None: no hash ids); only
         # for Dynamo's sequence hashes, G2's tie-break (model/workload/dynamo_ids.py)
         "canonical_ids",
-        "dynamo_hashes",  # Dynamo's sequence hashes of the prompt's full blocks, once needed
+        "dynamo_hashes",  # its prompt's block keys -> Dynamo's sequence hashes, once needed
         # scheduler state
         "status",
         "worker_idx",
@@ -118,7 +118,7 @@ class Request:
         self.delay_ms = delay_ms
         self.affinity_group: str | None = None
         self.canonical_ids: tuple[list[int], int] | None = None
-        self.dynamo_hashes: list[int] | None = None
+        self.dynamo_hashes: dict[int, int] | None = None
         self.router_entered_ms = 0.0
 
         self.status = Status.PENDING
