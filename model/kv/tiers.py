@@ -167,7 +167,7 @@ class TierPool:
 
     def land(self, keys: list[int]) -> None:
         """A copy into this tier arrived: its blocks become resident, the most recent, in
-        the copy's order (its first block the oldest of them)."""
+        the order given (the first the oldest of them; `RankTiers.cohort` orders a store's)."""
         self.refresh(keys)
         for k in keys:
             self.incoming.discard(k)
