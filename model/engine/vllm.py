@@ -561,15 +561,16 @@ class VllmScheduler:
         pool = self.pool
         waiting = self.waiting
         running = self.running
+        if self.pending_reservations:
+            # a request waits to reserve KV here: as in Dynamo, nothing that needs fresh KV
+            # (a request preempted here, or one whose tier copy landed: its prompt is not
+            # computed) is admitted before it; delivered requests still are
+            self._admit_delivered(batch, now_ms, 0)
+            return
         if self.loaded:
             budget = self._admit_loaded(batch, budget, now_ms)
             if self.loaded or batch.n_preempted:
                 return
-        if self.pending_reservations:
-            # a request waits to reserve KV here: as in Dynamo, nothing that needs fresh KV
-            # (a request preempted here) is admitted before it; delivered requests still are
-            self._admit_delivered(batch, now_ms, 0)
-            return
         queue = self.deferred if self.deferred else waiting
         k = 0  # queue[:k]: deferred requests whose blocks are still on their way
         while len(running) < cfg.max_num_seqs:
