@@ -73,7 +73,7 @@ MOCKER_FIXTURES = _mocker_fixtures()
 # The mocker's defaults (ai-dynamo-runtime 1.6.1, vLLM backend), as tests/golden/mocker writes
 # them, so each case.json states exactly what the mocker was given.
 DEFAULT_ENGINE: dict[str, Any] = dict(MOCKER_FIXTURES.DEFAULT_ENGINE)
-# servesim's conf/router/kv.yaml in the mocker's field names: the same values as the mocker's defaults
+# servesim's conf/router/kv.yaml in the mocker's field names (the mocker's defaults too)
 DEFAULT_ROUTER: dict[str, Any] = dict(MOCKER_FIXTURES.ZX_ROUTER)
 BASE_OVERRIDES = [
     "experiment=dynamo_compat",
