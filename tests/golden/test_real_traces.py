@@ -40,6 +40,18 @@ SKETCHED = [f"{s}_itl_ms" for s in ("median", "p75", "p90", "p95", "p99")]
 COUNTS = ["num_requests", "completed_requests", "total_input_tokens", "total_output_tokens"]
 
 
+def assert_matches_mocker(ours: dict, ref: str) -> None:
+    """servesim's summary against the mocker's in `mocker_real/ref`: counts equal, the exact
+    keys to 1e-6, the sketched ITL percentiles to 0.2 %."""
+    theirs = json.loads((HERE / ref).read_text())
+    for key in COUNTS:
+        assert ours[key] == theirs[key], key
+    for key in EXACT:
+        assert ours[key] == pytest.approx(theirs[key], rel=1e-6), key
+    for key in SKETCHED:
+        assert ours[key] == pytest.approx(theirs[key], rel=2e-3), key
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("trace,workers,ref", CASES, ids=[c[2][:-5] for c in CASES])
 def test_real_trace_matches_mocker(trace, workers, ref):
@@ -50,13 +62,7 @@ def test_real_trace_matches_mocker(trace, workers, ref):
         topology={"num_workers": workers},
     )
     ours = simulate(cfg).summary
-    theirs = json.loads((HERE / ref).read_text())
-    for key in COUNTS:
-        assert ours[key] == theirs[key], key
-    for key in EXACT:
-        assert ours[key] == pytest.approx(theirs[key], rel=1e-6), key
-    for key in SKETCHED:
-        assert ours[key] == pytest.approx(theirs[key], rel=2e-3), key
+    assert_matches_mocker(ours, ref)
 
 
 # 1P1D with a G2 host tier on both roles (issue 25's P/D and host-tier rules): the mocker's
@@ -74,10 +80,4 @@ def test_conversation_on_1p1d_with_a_host_tier_matches_mocker():
     path = shared_trace("conversation_trace.jsonl")
     cfg = cd.compose_run_config(path, cd.parse_pd("1x1"), PD_HOST_OVERRIDES)
     ours = simulate(cfg).summary
-    theirs = json.loads((HERE / "conversation_pd1x1_host.json").read_text())
-    for key in COUNTS:
-        assert ours[key] == theirs[key], key
-    for key in EXACT:
-        assert ours[key] == pytest.approx(theirs[key], rel=1e-6), key
-    for key in SKETCHED:
-        assert ours[key] == pytest.approx(theirs[key], rel=2e-3), key
+    assert_matches_mocker(ours, "conversation_pd1x1_host.json")
