@@ -276,12 +276,11 @@ class DisaggCluster(ClusterBase):
                 dest.failed_generation = pool.generation
                 return
             reused_blocks, landings = taken
+            dest.worker.sample_kv()
             if landings:
                 dest.held = (reused_blocks, landings)
                 dest.failed_generation = pool.generation  # (a landing tries it again)
-                dest.worker.sample_kv()
                 return
-            dest.worker.sample_kv()
         dest.pending.popleft()
         dest.failed_generation = -1
         req.destination_reserved_ms = self.env.now
