@@ -649,6 +649,8 @@ class VllmScheduler:
                     k += 1
                 continue
             if lower == LOADING:
+                if needed > pool.free_blocks - self._promised_blocks():
+                    break  # the blocks promised to prompts under way come first (as in Dynamo)
                 self._start_load(req, hashes, hit, n_host, n_disk)
                 del queue[k]
                 continue  # it waits for its blocks out of the queue; the next one may go
@@ -696,6 +698,21 @@ class VllmScheduler:
             return NO_COPY, 0, 0
         return LOADING, n_host, n_disk
 
+    def _promised_blocks(self) -> int:
+        """Blocks promised but not yet taken: the rest of the prompt of each running request
+        still in prefill, and of each request whose tier copy is under way or has landed
+        (Dynamo keeps them back before it starts another copy, which cannot be preempted)."""
+        bs = self.block_size
+        n = 0
+        for r in self.running:
+            if r.num_computed_tokens < r.input_length:
+                n += -(-r.seq_len // bs) - len(r.held_hashes) - r.held_private_blocks
+        for r in self.loading.values():
+            n += -(-r.seq_len // bs) - r.loaded_blocks
+        for r in self.loaded:
+            n += -(-r.seq_len // bs) - r.loaded_blocks
+        return n
+
     def _start_load(
         self, req: Request, hashes: list[int], hit: int, n_host: int, n_disk: int
     ) -> None:
@@ -723,6 +740,7 @@ class VllmScheduler:
         tiers.load(req, keys[:n_host], keys[n_host:], self._landing(req, hit, keys), fences)
         tiers.g1_changed()
         count_in(self.loading_blocks, keys)
+        req.loaded_blocks = hit + len(keys)  # what it will hold once the copy lands
         req.status = Status.LOADING
         self.loading[req.idx] = req
 

@@ -1557,6 +1557,20 @@ def zy_fence_trace() -> list[Row]:
     ]
 
 
+def zy_promised_trace() -> list[Row]:
+    """Two 4-block prefixes stored to G2 and evicted from G1 by a 16-block prompt; R (3
+    blocks) decodes from 50; at 60 X (prefix 1 + 6 blocks) starts its load with 12 blocks
+    free, then Y (prefix 2 + 1 block) would fit the 8 left, but not beside X's 6-block tail."""
+    return [
+        _zy_row(0, 256, 1, [1, 2, 3, 4]),
+        _zy_row(0, 256, 1, [5, 6, 7, 8]),
+        _zy_row(20, 1024, 1, list(range(100, 116))),
+        _zy_row(50, 192, 20, [300, 301, 302]),
+        _zy_row(60, 640, 3, [1, 2, 3, 4, *range(400, 406)]),
+        _zy_row(60, 320, 3, [5, 6, 7, 8, 500]),
+    ]
+
+
 ZY_SLOW_STORE = 0.08388608  # GB/s: one 64-token Llama-3.1-8B block per 100 ms
 
 
@@ -1630,6 +1644,15 @@ ZY_CASES = [
         zy_fence_trace,
         4,
         ZY_SLOW_STORE,
+    ),
+    zy_case(
+        "zy5_host_load_waits_for_promised_blocks",
+        "6 requests, 1 worker, G1 16 blocks: a copy from G2 starts only if the request's "
+        "blocks fit beside those promised to loads under way (and to prompts still in "
+        "prefill)",
+        zy_promised_trace,
+        16,
+        8.388608,
     ),
 ]
 CASES += ZY_CASES
