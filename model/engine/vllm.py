@@ -600,10 +600,22 @@ class VllmScheduler:
                 # no room in this pass (and no lookup below G1); with KV tiers a spent budget
                 # stops admission even for a prompt G1 holds whole (as Dynamo's mocker does)
                 break
-            if self.tiers is not None and req.host_store is None:
-                # looking a request up refreshes its prompt's blocks in G2 (vLLM's connector
-                # touches them), whether it is admitted or not
-                self.tiers.g2.touch(req.prompt_hashes)
+            lower, n_host, n_disk = NO_COPY, 0, 0
+            if self.tiers is not None:
+                if req.host_store is None:
+                    # looking a request up refreshes its prompt's blocks in G2 (vLLM's
+                    # connector touches them), whether it is admitted or not
+                    self.tiers.g2.touch(req.prompt_hashes)
+                lower, n_host, n_disk = self._lower_hit(req, hashes, hit, seq)
+                if lower == DEFERRED:
+                    # blocks it needs are still on their way: set aside before its KV is even
+                    # checked (Dynamo's connector lookup comes first)
+                    if queue is waiting:  # it joins the deferred requests, behind them
+                        del waiting[k]
+                        self.deferred.append(req)
+                    else:
+                        k += 1
+                    continue
             needed = -(-seq // bs) - hit_active
             if needed > pool.free_blocks:
                 if -(-seq // bs) > pool.capacity_blocks:
@@ -637,16 +649,6 @@ class VllmScheduler:
                         "prefill is disabled",
                     )
                 )
-                continue
-            lower, n_host, n_disk = NO_COPY, 0, 0
-            if self.tiers is not None:
-                lower, n_host, n_disk = self._lower_hit(req, hashes, hit, seq)
-            if lower == DEFERRED:
-                if queue is waiting:  # it joins the deferred requests, behind them
-                    del waiting[k]
-                    self.deferred.append(req)
-                else:
-                    k += 1
                 continue
             if lower == LOADING:
                 if needed > pool.free_blocks - self._promised_blocks():

@@ -99,6 +99,8 @@ class PoolBase:
         "pinned",
         "n_pinned_inactive",
         "fenced",
+        "fenced_ranks",
+        "fenced_blocks",
         "record_events",
         "pending_events",
         "n_evictions",
@@ -126,6 +128,11 @@ class PoolBase:
         self.pinned: dict[Key, int] = {}
         self.n_pinned_inactive = 0
         self.fenced: list[Key] = []
+        # for each fenced key, its rank among the blocks its eviction took; and, by request,
+        # the positions of the blocks it was granted from under a copy still in flight (until
+        # the tiers have prepared the pass's stores: such a block cannot be copied yet)
+        self.fenced_ranks: list[int] = []
+        self.fenced_blocks: dict[Request, list[int]] = {}
         self.record_events = record_events
         self.pending_events: list[tuple[str, int]] = []
         self.n_evictions = 0
@@ -154,7 +161,16 @@ class PoolBase:
             return False
         empty = self.n_empty
         if n_blocks > empty:
-            self._evict(n_blocks - empty)
+            n_fenced = len(self.fenced)
+            n_evicted = n_blocks - empty
+            self._evict(n_evicted)
+            if len(self.fenced) > n_fenced:
+                # as in Dynamo, the blocks taken by eviction go to the request's first new
+                # positions, the last one evicted first
+                start = len(req.held_hashes) + req.held_private_blocks + n_evicted - 1
+                self.fenced_blocks.setdefault(req, []).extend(
+                    [start - rank for rank in self.fenced_ranks[n_fenced:]]
+                )
         self.n_private += n_blocks
         req.held_private_blocks += n_blocks
         return True
@@ -165,6 +181,7 @@ class PoolBase:
         fenced = self.fenced
         taken = fenced[since:]
         del fenced[since:]
+        del self.fenced_ranks[since:]
         return taken
 
     def _evicted(self, key: Key, events: list[tuple[str, int]] | None) -> None:
@@ -333,6 +350,7 @@ class BlockPool(PoolBase):
                     if pinned is not None and key in pinned:
                         self.n_pinned_inactive -= 1
                         self.fenced.append(key)
+                        self.fenced_ranks.append(n - left)
                     del blocks[key]
                     left -= 1
                     if victims is not None:

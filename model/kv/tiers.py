@@ -252,15 +252,31 @@ class RankTiers:
         """Once a pass is formed: the prompt blocks it completes for each request (since its
         last store; the cursor is kept across preemptions) get room in G2 for what G2 lacks of
         them, their G1 blocks pinned, and the copy joins the pass's `stores` (started at its
-        end). When G2 has no room for them all nothing is copied and a later pass tries
-        again."""
+        end). When G2 has no room for them all, or one of them was taken this pass from under
+        a copy still in flight, nothing is copied and a later pass tries again."""
         bs = self.block_size
+        assert self.rank is not None
+        fenced = self.rank.pool.fenced_blocks
         for req, _n, _p, _b in batch.items:  # one item per request
             n_full = min(req.num_computed_tokens, req.input_length) // bs
             if n_full > req.host_cursor:
+                if fenced and req in fenced and self._still_read(req, fenced[req], n_full):
+                    continue  # not copied this pass; its next pass tries again
                 store = self._prepare_store(req, n_full)
                 if store is not None:
                     batch.stores.append(store)
+        fenced.clear()
+
+    def _still_read(self, req: Request, positions: list[int], n_full: int) -> bool:
+        """Whether a block `req` would copy to G2 now (one G2 lacks) sits where a copy still in
+        flight reads: Dynamo copies none of the request's blocks this pass then."""
+        g2 = self.g2
+        start = req.host_cursor
+        keys = req.prompt_hashes
+        return any(
+            start <= j < n_full and keys[j] not in g2.resident and keys[j] not in g2.incoming
+            for j in positions
+        )
 
     def store_delivered(self, req: Request) -> None:
         """A P/D request delivered with nothing to decode and no pass to join ends at its
