@@ -50,9 +50,10 @@ if TYPE_CHECKING:
 OK = 0
 BLOCKED = -1
 SELF_PREEMPTED = -2
+RELEASED = -3  # a landed request let go of its copy (`_admit_landed`)
 # what a waiting request's blocks below G1 mean for its admission (`_lower_hit`)
 NO_COPY = 0  # none to copy in: admitted as usual
-LOADING = 1  # a copy into G1 started: it waits for it out of the queue
+LOADING = 1  # a copy into G1 starts: it waits for it set aside, among the deferred
 DEFERRED = 2  # some are still on their way: it waits among the deferred
 
 
@@ -153,7 +154,9 @@ class VllmScheduler:
         self.tiers: RankTiers | None = None
         self.loading: dict[int, Request] = {}
         self.loaded: deque[Request] = deque()
-        # requests skipped because blocks they need were still on their way, in skip order
+        # requests set aside, in the order they were (vLLM's skipped waiting requests, tried
+        # ahead of the queue): those whose blocks were still on their way, and those whose
+        # own copy from a lower tier is under way or has landed (loading, loaded)
         self.deferred: deque[Request] = deque()
         # blocks on their way into this pool by a load (content hash -> loads bringing it)
         self.loading_blocks: dict[int, int] = {}
@@ -168,11 +171,11 @@ class VllmScheduler:
         self.waiting.append(req)
 
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting or self.loading or self.loaded or self.deferred)
+        return bool(self.running or self.waiting or self.deferred)
 
     def queued(self) -> list[Request]:
-        """Every request here that is not running: waiting, deferred, loading, loaded."""
-        return [*self.waiting, *self.deferred, *self.loading.values(), *self.loaded]
+        """Every request here that is not running: waiting, or set aside."""
+        return [*self.waiting, *self.deferred]
 
     # ------------------------------------------------------------------ blocks
 
@@ -551,11 +554,12 @@ class VllmScheduler:
         return batch
 
     def _admit(self, batch: Batch, budget: int, now_ms: float) -> None:
-        """Admit waiting requests while seats, blocks and budget last: first those whose tier
-        copy landed, then the deferred ones (skipped earlier because blocks they need were
-        still on their way), then the queue, in order. A request that does not fit stops
-        admission (head-of-line blocking); one whose blocks are still on their way is skipped
-        and waits among the deferred, ahead of the queue (vLLM's skipped waiting requests)."""
+        """Admit waiting requests while seats, blocks and budget last: first those set aside
+        (in the order they were: skipped because blocks they need were still on their way, or
+        waiting for their own copy from a lower tier, skipped until it lands), then the queue,
+        in order. A request that does not fit stops admission (head-of-line blocking); one
+        whose blocks are still on their way, or that starts a copy, is set aside, ahead of the
+        queue (vLLM's skipped waiting requests)."""
         cfg = self.cfg
         bs = self.block_size
         pool = self.pool
@@ -567,12 +571,8 @@ class VllmScheduler:
             # computed) is admitted before it; delivered requests still are
             self._admit_delivered(batch, now_ms, 0)
             return
-        if self.loaded:
-            budget = self._admit_loaded(batch, budget, now_ms)
-            if self.loaded or batch.n_preempted:
-                return
         queue = self.deferred if self.deferred else waiting
-        k = 0  # queue[:k]: deferred requests whose blocks are still on their way
+        k = 0  # queue[:k]: set-aside requests that cannot go yet, skipped
         while len(running) < cfg.max_num_seqs:
             if k == len(queue):
                 if queue is waiting:
@@ -584,6 +584,20 @@ class VllmScheduler:
                 # with KV tiers a spent budget stops admission, even of KV delivered by a
                 # transfer (Dynamo's connector path admits nothing once the budget is gone)
                 break
+            if req.status == Status.LOADING:  # its copy from a lower tier is on its way
+                k += 1
+                continue
+            if req.status == Status.LANDED:
+                n = self._admit_landed(req, batch, budget, now_ms)
+                if n == BLOCKED:
+                    break  # the rest of its blocks do not fit yet: nothing behind it goes
+                del queue[k]
+                if n == RELEASED:
+                    continue
+                budget -= n
+                if batch.n_preempted:
+                    break
+                continue
             if req.materialized:
                 del queue[k]
                 self._admit_materialized(req, batch, now_ms)
@@ -654,8 +668,14 @@ class VllmScheduler:
                 if needed > pool.free_blocks - self._promised_blocks():
                     break  # the blocks promised to prompts under way come first (as in Dynamo)
                 self._start_load(req, hashes, hit, n_host, n_disk)
-                del queue[k]
-                continue  # it waits for its blocks out of the queue; the next one may go
+                # it waits for its copy set aside (joining the others, behind them); the next
+                # one may go
+                if queue is waiting:
+                    del waiting[k]
+                    self.deferred.append(req)
+                else:
+                    k += 1
+                continue
             if not cfg.enable_chunked_prefill and req.input_length - cached > budget:
                 break  # no room in this pass; checked before any block is pinned
             req.admit_host_tokens = req.admit_disk_tokens = 0
@@ -754,7 +774,7 @@ class VllmScheduler:
             self.pool.register_many(req, keys[:n])
             count_out(self.loading_blocks, keys)
             del self.loading[req.idx]
-            req.status = Status.WAITING
+            req.status = Status.LANDED
             req.loaded_blocks = hit + n
             req.admit_host_tokens = n_host * self.block_size
             req.admit_disk_tokens = n_disk * self.block_size
@@ -762,41 +782,35 @@ class VllmScheduler:
 
         return landed
 
-    def _admit_loaded(self, batch: Batch, budget: int, now_ms: float) -> int:
-        """Admit requests whose tier copy landed, in landing order: each needs a free seat, the
-        rest of its blocks and, unless fully cached, budget."""
-        loaded = self.loaded
+    def _admit_landed(self, req: Request, batch: Batch, budget: int, now_ms: float) -> int:
+        """Admit `req`, whose tier copy landed, if the rest of its blocks fit (its copied prefix
+        counts as cached): the tokens scheduled; BLOCKED if it must wait; RELEASED if nothing
+        runs that could free blocks for it, so it lets go of what it holds (cached from now)
+        and waits at the head of the queue for an ordinary admission."""
         bs = self.block_size
         pool = self.pool
-        while loaded and len(self.running) < self.cfg.max_num_seqs:
-            req = loaded[0]
-            cached = req.loaded_blocks * bs
-            seq = req.seq_len
-            if budget == 0 and seq > cached:
-                break
-            if -(-seq // bs) - req.loaded_blocks > pool.free_blocks:
-                if self.running:
-                    break  # the rest of its blocks do not fit yet
-                # nothing runs that could free them: it lets go of what it holds (cached
-                # from now) and waits for an ordinary admission at the head of the queue
-                loaded.popleft()
-                pool.release(req)
-                req.status = Status.WAITING
-                self.waiting.appendleft(req)
-                continue
-            n = self._schedule_tokens(req, batch, budget, cached)
-            if n == BLOCKED:  # (no chunked prefill) its rest needs a pass with more budget
-                break
-            if n < 0:  # pragma: no cover - its blocks were taken when the copy started
-                raise RuntimeError(f"loaded {req} preempted itself")
-            loaded.popleft()
-            req.status = Status.RUNNING
-            req.n_admissions += 1
-            self.running.append(req)
-            self.n_committed_prefill_tokens += seq - cached
-            self.on_admit(req, cached, now_ms)
-            budget -= n
-        return budget
+        cached = req.loaded_blocks * bs
+        seq = req.seq_len
+        if -(-seq // bs) - req.loaded_blocks > pool.free_blocks:
+            if self.running:
+                return BLOCKED
+            self.loaded.remove(req)
+            pool.release(req)
+            req.status = Status.WAITING
+            self.waiting.appendleft(req)
+            return RELEASED
+        n = self._schedule_tokens(req, batch, budget, cached)
+        if n == BLOCKED:  # (no chunked prefill) its rest needs a pass with more budget
+            return BLOCKED
+        if n < 0:  # pragma: no cover - its blocks were taken when the copy started
+            raise RuntimeError(f"loaded {req} preempted itself")
+        self.loaded.remove(req)
+        req.status = Status.RUNNING
+        req.n_admissions += 1
+        self.running.append(req)
+        self.n_committed_prefill_tokens += seq - cached
+        self.on_admit(req, cached, now_ms)
+        return n
 
     def _admit_materialized(self, req: Request, batch: Batch, now_ms: float) -> None:
         """KV delivered by a transfer: straight to running, no KV check, no budget; it decodes

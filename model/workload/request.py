@@ -19,6 +19,7 @@ class Status:
     RUNNING: Final = 2
     DONE: Final = 3
     LOADING: Final = 4  # its prefix is being copied into G1 from a lower tier
+    LANDED: Final = 5  # that copy is in G1: admitted once the rest of its blocks fit
 
 
 class Request:
