@@ -8,7 +8,8 @@ it):
   G2 for the blocks G2 lacks, evicting its least recently used unpinned blocks, all or nothing:
   when they cannot all have room nothing is taken and a later pass tries again. Their G1 blocks
   stay pinned until the copy, started at the pass end, lands (a pass that would evict a G1 block
-  still being read waits for that copy first). With G3, blocks that land in G2 are written
+  still being read waits for that copy first, and the block that took its place is not copied
+  in that pass: its request's store waits for a later pass). With G3, blocks that land in G2 are written
   behind to G3 the same way (G2 source pinned until the write lands).
 * **Recency of blocks freed together.** Dynamo's G2 LRU is ordered by (epoch, block key): the
   blocks of a landed store get one epoch, and so do a load's blocks when its copy to G1 lands
@@ -16,13 +17,14 @@ it):
   (model/workload/dynamo_ids.py) is the oldest, so servesim lands and refreshes them in that
   order. Lookup touches are per block (the first block the most recent).
 * **Load (G2 -> G1).** At admission, after the G1 prefix lookup, the consecutive blocks after the
-  G1 prefix found in G2 (then in G3) are a hit: the scheduler takes G1 blocks for them, the
-  request leaves the waiting queue, G3 hits are staged into G2 (G3 -> G2), then every hit is
-  copied G2 -> G1; when it lands the blocks are registered in G1 and the request is admitted
-  ahead of the waiting queue at a later pass, once the rest of its blocks fit. Looking a
-  request up refreshes its prompt's G2 blocks. A request that needs blocks still being loaded
-  for another (or whose own store is in flight) is set aside the same way, without holding up
-  the queue behind it.
+  G1 prefix found in G2 (then in G3) are a hit: if all the request's blocks fit beside those
+  promised to prompts under way, the scheduler takes G1 blocks for the hits, the request is
+  set aside (ahead of the waiting queue), G3 hits are staged into G2 (G3 -> G2), then every
+  hit is copied G2 -> G1; when it lands the blocks are registered in G1 and the request is
+  admitted when a pass reaches it among those set aside, once the rest of its blocks fit.
+  Looking a request up refreshes its prompt's G2 blocks. A request that needs blocks still
+  being loaded for another (or whose own store is in flight) is set aside the same way, fit or
+  not, without holding up the queue behind it.
 * **Timing.** Copies use `model.kv.link.Link`: a private G2 has one FIFO lane per direction
   (a copy starts when the one before it ends); a cluster-shared G2, and every G3, share bandwidth
   by processor sharing, a copy's rate being min(pool bandwidth / copies in flight, worker

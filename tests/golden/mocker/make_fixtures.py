@@ -1655,6 +1655,109 @@ ZY_CASES = [
         8.388608,
     ),
 ]
+
+# Rules found on golden case a's trace with a 400-block G1 over a 1,500-block G2 (cases zy6-zy8):
+# each trace is a shrunk cut of that trace (rows as they come, times from the first), default
+# (polynomial) timing, 512-token trace blocks. README.md gives the timelines.
+def zy_fenced_store_trace() -> list[Row]:
+    """4573 (output 1) takes, at 670.7 ms, blocks a store of 6952's is still reading; at 886.6
+    1781 needs blocks past the cached ones of 6952 into 4573's."""
+    return [
+        _zy_row(0, 6908, 296, [12, 13, 14, 15, 932, 933, 934, 935, 936, 937, 938, 939, 940, 941]),
+        _zy_row(137, 4548, 33, [8, 9, 10, 942, 943, 944, 945, 946, 947]),
+        _zy_row(177, 7081, 1, [2, 3, 4, 5, 6, 41, 42, 43, 44, 45, 948, 949, 950, 951]),
+        _zy_row(177, 6952, 1, [16, 17, 18, 19, 952, 953, 954, 955, 956, 957, 958, 959, 960, 961]),
+        _zy_row(177, 1425, 338, [7, 962, 963]),
+        _zy_row(177, 6901, 2, [12, 13, 14, 15, 964, 965, 966, 967, 968, 969, 970, 971, 972, 973]),
+        _zy_row(291, 3114, 182, [16, 17, 18, 19, 974, 975, 976]),
+        _zy_row(428, 4573, 1, [8, 9, 10, 977, 978, 979, 980, 981, 982]),
+        _zy_row(534, 1781, 52, [20, 21, 22, 23]),
+    ]
+
+
+def zy_deferred_before_fit_trace() -> list[Row]:
+    """7147 needs blocks 5173 is loading (at 1733.3) and would not fit either: it is set aside,
+    so it goes before 6574, preempted later (2474.9), when room comes (2779.6)."""
+    return [
+        _zy_row(0, 4476, 121, [12, 13, 14, 15, 643, 644, 645, 646, 647]),
+        _zy_row(0, 6232, 26, [20, 21, 22, 23, 364, 365, 366, 367, 368, 369, 370, 371, 372]),
+        _zy_row(0, 722, 164, [11, 648]),
+        _zy_row(10, 5051, 362, [16, 17, 18, 19, 194, 195, 196, 197, 649, 650]),
+        _zy_row(186, 3860, 199, [0, 1, 690, 691, 692, 693, 694, 695]),
+        _zy_row(186, 5996, 1, [2, 3, 4, 5, 6, 696, 697, 698, 699, 700, 701, 702]),
+        _zy_row(186, 2855, 29, [12, 13, 14, 15, 703, 704]),
+        _zy_row(338, 3576, 1, [20, 21, 22, 23, 705, 706, 707]),
+        _zy_row(779, 8298, 1, [708, 709, 710, 711, 712, 713, 714, 715, 716, 717, 718, 719, 720, 721, 722, 723, 724]),
+        _zy_row(946, 5173, 171, [2, 3, 4, 5, 6, 725, 726, 727, 728, 729, 730]),
+        _zy_row(1325, 6574, 56, [2, 3, 4, 5, 6, 731, 732, 733, 734, 735, 736, 737, 738]),
+        _zy_row(1537, 2138, 259, [0, 1, 739, 740, 741]),
+        _zy_row(1629, 7147, 101, [2, 3, 4, 5, 6, 742, 743, 744, 745, 746, 747, 748, 749, 750]),
+    ]
+
+
+def zy_set_aside_order_trace() -> list[Row]:
+    """At 17720.6 5196 starts a load, 1841 waits for it, 4631 starts another; at 17786.9 the
+    three go in that order: 1841 before 4631, whose rest then no longer fits."""
+    return [
+        _zy_row(0, 7480, 65, [2, 3, 4, 5, 6, 584, 585, 586, 587, 588, 589, 590, 591, 592, 593]),
+        _zy_row(52, 6637, 126, [16, 17, 18, 19, 594, 595, 596, 597, 598, 599, 600, 601, 602]),
+        _zy_row(158, 2721, 102, [0, 1, 603, 604, 605, 606]),
+        _zy_row(226, 4916, 55, [0, 1, 76, 77, 78, 79, 80, 81, 82, 607]),
+        _zy_row(275, 12297, 36, [608, 609, 610, 611, 612, 613, 614, 615, 616, 617, 618, 619, 620, 621, 622, 623, 624, 625, 626, 627, 628, 629, 630, 631, 632]),
+        _zy_row(275, 6215, 203, [12, 13, 14, 15, 633, 634, 635, 636, 637, 638, 639, 640, 641]),
+        _zy_row(275, 2106, 84, [16, 17, 18, 19, 642]),
+        _zy_row(5186, 6908, 296, [12, 13, 14, 15, 932, 933, 934, 935, 936, 937, 938, 939, 940, 941]),
+        _zy_row(5323, 4548, 33, [8, 9, 10, 942, 943, 944, 945, 946, 947]),
+        _zy_row(5363, 1425, 338, [7, 962, 963]),
+        _zy_row(5477, 3114, 182, [16, 17, 18, 19, 974, 975, 976]),
+        _zy_row(5720, 1781, 52, [20, 21, 22, 23]),
+        _zy_row(5886, 4636, 288, [2, 3, 4, 5, 6, 175, 176, 177, 178, 252]),
+        _zy_row(5935, 6060, 145, [20, 21, 22, 23, 983, 984, 985, 986, 987, 988, 989, 990]),
+        _zy_row(6149, 2716, 2, [11, 991, 992, 993, 994, 995]),
+        _zy_row(6149, 4243, 19, [12, 13, 14, 15, 996, 997, 998, 999, 1000]),
+        _zy_row(6257, 10472, 151, [234, 235, 236, 237, 238, 239, 240, 241, 242, 243, 244, 245, 246, 247, 248, 249, 250, 251, 1001, 1002, 1003]),
+        _zy_row(6712, 10353, 16, [111, 112, 113, 114, 115, 116, 117, 118, 119, 120, 121, 122, 123, 124, 125, 126, 127, 128, 129, 130, 131]),
+        _zy_row(6774, 5196, 18, [7, 1013, 1014, 1015, 1016, 1017, 1018, 1019, 1020, 1021, 1022]),
+        _zy_row(6938, 1841, 133, [7, 1023, 1024, 1025]),
+        _zy_row(6950, 4631, 1, [8, 9, 10, 1026, 1027, 1028, 1029, 1030, 1031, 1032]),
+    ]
+
+
+def zy_g2_case(name: str, description: str, trace: Callable[[], list[Row]]) -> ZxCase:
+    """1 worker, a 400-block G1 over a 1,500-block G2 at 32 GB/s each way, default timing."""
+    return ZxCase(
+        name,
+        description,
+        trace,
+        engine={"num_gpu_blocks": 400, "kv_cache_bytes_per_token": KV_BYTES_PER_TOKEN},
+        servesim_overrides=(
+            "engine.num_gpu_blocks=400",
+            "kv_cache.host_offload.num_host_blocks=1500",
+        ),
+        tiers={"native_host_offload": zx_host(1500, bw=32.0)},
+    )
+
+
+ZY_CASES += [
+    zy_g2_case(
+        "zy6_host_fenced_block_not_stored",
+        "9 requests, 1 worker, G1 400 blocks: a block taken from under a store still in flight "
+        "is not copied to G2 in that pass (its request's store waits for a later pass)",
+        zy_fenced_store_trace,
+    ),
+    zy_g2_case(
+        "zy7_host_deferred_before_fit",
+        "13 requests, 1 worker, G1 400 blocks: a request whose blocks are still being loaded is "
+        "set aside before its KV is checked, and goes before the queue's head later",
+        zy_deferred_before_fit_trace,
+    ),
+    zy_g2_case(
+        "zy8_host_set_aside_order",
+        "21 requests, 1 worker, G1 400 blocks: requests set aside (deferred, loading, landed) "
+        "are tried in the order they were set aside",
+        zy_set_aside_order_trace,
+    ),
+]
 CASES += ZY_CASES
 
 
