@@ -9,8 +9,8 @@ it):
   when they cannot all have room nothing is taken and a later pass tries again. Their G1 blocks
   stay pinned until the copy, started at the pass end, lands (a pass that would evict a G1 block
   still being read waits for that copy first, and the block that took its place is not copied
-  in that pass: its request's store waits for a later pass). With G3, blocks that land in G2 are written
-  behind to G3 the same way (G2 source pinned until the write lands).
+  in that pass: its request's store waits for a later pass). With G3, blocks that land in G2
+  are written behind to G3 the same way (G2 source pinned until the write lands).
 * **Recency of blocks freed together.** Dynamo's G2 LRU is ordered by (epoch, block key): the
   blocks of a landed store get one epoch, and so do a load's blocks when its copy to G1 lands
   (`RankTiers.cohort`). Among them the one with the smallest Dynamo sequence hash
