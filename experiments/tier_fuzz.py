@@ -1,7 +1,7 @@
 """Random small traces with a G2 host tier, replayed by servesim and by Dynamo's mocker
 (`native_host_offload`), compared request by request.
 
-    python experiments/tier_fuzz.py [--cases 150] [--seed 0] [--pd] [--mocker-python PY]
+    python experiments/tier_fuzz.py [--cases 150] [--seed 0] [--pd | --g3] [--mocker-python PY]
 
 Each case: 2-14 Mooncake rows (prompts of 1-400 tokens sharing prefixes in 4 families, outputs
 0-30), fixed timing, a G1 pool of 8-40 blocks of 64 tokens, a G2 pool of 1-40 blocks (per rank,
@@ -16,6 +16,9 @@ tight decode pool of 8-30 blocks, G2 on both roles (per rank), copy bandwidths a
 transfer link of 1, 8.388608 or 32 GB/s or instant; the P/D lifecycle fields (prefill
 admission, source held and released, destination reserved and activated, decode admission,
 decode-side reused tokens) are compared too.
+
+With `--g3` each case (one worker or two, per-rank G2) also has a worker-local G3 pool of 4-80
+blocks under its G2, read and write bandwidths drawn as above, the default 0.1 ms latency.
 
 Exit status 0 (differences are reported, not failures), 2 for bad arguments or no mocker
 (`dynamo._core` not importable here and neither --mocker-python nor $SERVESIM_MOCKER_PYTHON
@@ -68,8 +71,9 @@ def random_rows(rng: random.Random) -> list[dict[str, Any]]:
 BANDWIDTHS = [0.0, 1.0, 8.388608, 32.0]
 
 
-def random_case(seed: int, out: Path) -> tuple[Path, int, list[str]]:
-    """One case's trace file, worker count and servesim overrides."""
+def random_case(seed: int, out: Path, g3: bool = False) -> tuple[Path, int, list[str]]:
+    """One case's trace file, worker count and servesim overrides (with `g3`: per-rank G2 over
+    a G3 pool)."""
     rng = random.Random(seed)
     rows = random_rows(rng)
     path = out / f"case{seed}.jsonl"
@@ -87,7 +91,13 @@ def random_case(seed: int, out: Path) -> tuple[Path, int, list[str]]:
         f"kv_cache.host_offload.h2d_bandwidth_gbps={rng.choice(bandwidths)}",
     ]
     workers = rng.choice([1, 1, 2])
-    if rng.random() < 0.3:
+    if g3:
+        overrides += [
+            f"kv_cache.disk.num_g3_blocks={rng.randint(4, 80)}",
+            f"kv_cache.disk.read_bandwidth_gbps={rng.choice(bandwidths)}",
+            f"kv_cache.disk.write_bandwidth_gbps={rng.choice(bandwidths)}",
+        ]
+    elif rng.random() < 0.3:
         overrides.append("kv_cache.host_offload.scope=cluster_shared")
     return path, workers, overrides
 
@@ -138,7 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", type=int, default=150)
     parser.add_argument("--seed", type=int, default=0, help="first case's seed")
-    parser.add_argument("--pd", action="store_true", help="1P1D cases (G2 on both roles)")
+    kind = parser.add_mutually_exclusive_group()
+    kind.add_argument("--pd", action="store_true", help="1P1D cases (G2 on both roles)")
+    kind.add_argument("--g3", action="store_true", help="a G3 pool under each rank's G2")
     parser.add_argument(
         "--mocker-python",
         default=None,
@@ -153,7 +165,11 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as e:
         parser.error(str(e))
     tally: dict[str, list[int]] = (
-        {"pd_1p1d": [0, 0]} if args.pd else {"dp_rank_local": [0, 0], "cluster_shared": [0, 0]}
+        {"pd_1p1d": [0, 0]}
+        if args.pd
+        else {"g3_worker_local": [0, 0]}
+        if args.g3
+        else {"dp_rank_local": [0, 0], "cluster_shared": [0, 0]}
     )
     without_g2 = 0
     with tempfile.TemporaryDirectory(prefix="tier_fuzz_") as tmp:
@@ -164,14 +180,16 @@ def main(argv: list[str] | None = None) -> int:
                 path, shape, overrides = random_pd_case(seed, out)
                 fields, scope, what = FIELDS + PD_FIELDS, "pd_1p1d", "1P1D"
             else:
-                path, shape, overrides = random_case(seed, out)
+                path, shape, overrides = random_case(seed, out, args.g3)
                 fields, what = FIELDS, f"{shape} worker(s)"
             cfg = cd.compose_run_config(path, shape, overrides)
             report = out / f"mocker{seed}.jsonl"
             runner.run(path, {**cd.mocker_kwargs(cfg), "report_jsonl_path": str(report)})
             ref = [json.loads(line) for line in report.read_text().splitlines() if line.strip()]
             diffs = differences(cd.servesim_records(simulate(cfg)), ref, fields)
-            if not args.pd:
+            if args.g3:
+                scope = "g3_worker_local"
+            elif not args.pd:
                 scope = cfg.kv_cache.host_offload.scope
             tally[scope][1] += 1
             if diffs and args.pd:

@@ -405,8 +405,8 @@ class DiskConfig(Schema):
     num_g3_blocks: int | None = Field(None, gt=0, description="disk blocks per pool; null = off")
     scope: Literal["worker_local", "cluster_shared"] = "worker_local"
     latency_to_first_byte_ms: NonNegFloat = 0.1
-    read_bandwidth_gbps: NonNegFloat = Field(10.0, description="per worker; 0 = instant")
-    write_bandwidth_gbps: NonNegFloat = Field(10.0, description="per worker; 0 = instant")
+    read_bandwidth_gbps: NonNegFloat = Field(10.0, description="per worker; 0 = no limit")
+    write_bandwidth_gbps: NonNegFloat = Field(10.0, description="per worker; 0 = no limit")
     shared_read_bandwidth_gbps: NonNegFloat = Field(
         80.0, description="cluster_shared: total read bandwidth; 0 = unlimited"
     )

@@ -614,13 +614,13 @@ class VllmScheduler:
                 # no room in this pass (and no lookup below G1); with KV tiers a spent budget
                 # stops admission even for a prompt G1 holds whole (as Dynamo's mocker does)
                 break
-            lower, n_host, n_disk = NO_COPY, 0, 0
+            lower, n_host = NO_COPY, 0
             if self.tiers is not None:
                 if req.host_store is None:
                     # looking a request up refreshes its prompt's blocks in G2 (vLLM's
                     # connector touches them), whether it is admitted or not
                     self.tiers.g2.touch(req.prompt_hashes)
-                lower, n_host, n_disk = self._lower_hit(req, hashes, hit, seq)
+                lower, n_host = self._lower_hit(req, hashes, hit, seq)
                 if lower == DEFERRED:
                     # blocks it needs are still on their way: set aside before its KV is even
                     # checked (Dynamo's connector lookup comes first)
@@ -667,7 +667,7 @@ class VllmScheduler:
             if lower == LOADING:
                 if needed > pool.free_blocks - self._promised_blocks():
                     break  # the blocks promised to prompts under way come first (as in Dynamo)
-                self._start_load(req, hashes, hit, n_host, n_disk)
+                self._start_load(req, hashes, hit, n_host)
                 # it waits for its copy set aside (joining the others, behind them); the next
                 # one may go
                 if queue is waiting:
@@ -695,30 +695,29 @@ class VllmScheduler:
             if batch.n_preempted != preempted or (n == 0 and budget == 0):
                 break
 
-    def _lower_hit(
-        self, req: Request, hashes: list[int], hit: int, seq: int
-    ) -> tuple[int, int, int]:
-        """Whether the prompt after the G1 hit continues in G2 (then G3): (LOADING, blocks in
-        G2, blocks in G3) when there are blocks to copy in; DEFERRED when a block of that run
-        is still on its way (a load into this pool, or a store into G2); NO_COPY otherwise."""
+    def _lower_hit(self, req: Request, hashes: list[int], hit: int, seq: int) -> tuple[int, int]:
+        """Whether the prompt after the G1 hit continues in G2: (LOADING, blocks in G2) when
+        there are blocks to copy in; DEFERRED when a block of that run is still on its way (a
+        load into this pool, or a copy into G2), or G3 blocks of it are being staged into G2
+        (`RankTiers.stage`: looked up again once they land); NO_COPY otherwise."""
         tiers = self.tiers
         assert tiers is not None
         if req.host_store is not None:
-            return DEFERRED, 0, 0  # its own prompt is still being stored: looked up once landed
+            return DEFERRED, 0  # its own prompt is still being stored: looked up once landed
         bs = self.block_size
         stop = (seq - 1) // bs if req.num_output_tokens < req.output_length else seq // bs
         stop = min(stop, len(hashes))
         if stop <= hit:
-            return NO_COPY, 0, 0
-        n_host, n_disk, on_the_way = tiers.lookup(hashes, hit, stop)
+            return NO_COPY, 0
+        if tiers.g3 is not None and tiers.stage(req, hashes[hit:stop]):
+            return DEFERRED, 0
+        n_host, on_the_way = tiers.lookup(hashes, hit, stop)
         loading = self.loading_blocks
-        if on_the_way or (
-            loading and any(h in loading for h in hashes[hit : hit + n_host + n_disk])
-        ):
-            return DEFERRED, 0, 0
-        if n_host + n_disk == 0:
-            return NO_COPY, 0, 0
-        return LOADING, n_host, n_disk
+        if on_the_way or (loading and any(h in loading for h in hashes[hit : hit + n_host])):
+            return DEFERRED, 0
+        if n_host == 0:
+            return NO_COPY, 0
+        return LOADING, n_host
 
     def _promised_blocks(self) -> int:
         """Blocks promised but not yet taken: the rest of the prompt of each running request
@@ -735,49 +734,45 @@ class VllmScheduler:
             n += -(-r.seq_len // bs) - r.loaded_blocks
         return n
 
-    def _start_load(
-        self, req: Request, hashes: list[int], hit: int, n_host: int, n_disk: int
-    ) -> None:
-        """Start copying in the `n_host` G2 and `n_disk` G3 blocks after the G1 hit (G1 blocks
-        taken for what the copy brings); the caller takes `req` out of the queue and has
-        checked that those blocks fit."""
+    def _start_load(self, req: Request, hashes: list[int], hit: int, n_host: int) -> None:
+        """Start copying in the `n_host` G2 blocks after the G1 hit (G1 blocks taken for what
+        the copy brings); the caller sets `req` aside and has checked that its blocks fit."""
         tiers = self.tiers
         assert tiers is not None
-        keys = hashes[hit : hit + n_host + n_disk]
+        keys = hashes[hit : hit + n_host]
         pool = self.pool
         if hit:
             pool.acquire(req, hashes[:hit])
         # G1 blocks for what the copy brings (the rest are taken when it is admitted); a block
         # a store to G2 is still reading delays the copy until that store lands
-        n_disk = tiers.reserve_load(keys[:n_host], keys[n_host:])
+        tiers.reserve_load(keys)
         fenced_before = len(pool.fenced)  # (the pass's own, from its decode steps, stay its)
-        if not pool.allocate(req, n_host + n_disk):  # pragma: no cover - checked by caller
+        if not pool.allocate(req, n_host):  # pragma: no cover - checked by caller
             raise RuntimeError(f"load check passed but allocation failed for {req}")
         fences = (
             tiers.landings(pool.take_fenced(fenced_before))
             if len(pool.fenced) > fenced_before
             else []
         )
-        keys = keys[: n_host + n_disk]
-        tiers.load(req, keys[:n_host], keys[n_host:], self._landing(req, hit, keys), fences)
+        n_disk = tiers.staged_from_g3(req, keys)
+        tiers.load(req, keys, self._landing(req, hit, keys, n_disk), fences)
         tiers.g1_changed()
         count_in(self.loading_blocks, keys)
-        req.loaded_blocks = hit + len(keys)  # what it will hold once the copy lands
+        req.loaded_blocks = hit + n_host  # what it will hold once the copy lands
         req.status = Status.LOADING
         self.loading[req.idx] = req
 
-    def _landing(self, req: Request, hit: int, keys: list[int]) -> Callable[[int, int], None]:
-        def landed(n_host: int, n_disk: int) -> None:
-            """The copy of the first n_host + n_disk `keys` is in G1 (now, between passes):
-            register those blocks, queue `req` ahead of the waiting requests."""
-            n = n_host + n_disk
-            self.pool.register_many(req, keys[:n])
+    def _landing(self, req: Request, hit: int, keys: list[int], n_disk: int) -> Callable[[], None]:
+        def landed() -> None:
+            """The copy of `keys` is in G1 (now, between passes): register those blocks; `req`
+            may be admitted when a pass reaches it among the requests set aside."""
+            self.pool.register_many(req, keys)
             count_out(self.loading_blocks, keys)
             del self.loading[req.idx]
             req.status = Status.LANDED
-            req.loaded_blocks = hit + n
-            req.admit_host_tokens = n_host * self.block_size
-            req.admit_disk_tokens = n_disk * self.block_size
+            req.loaded_blocks = hit + len(keys)
+            req.admit_host_tokens = (len(keys) - n_disk) * self.block_size
+            req.admit_disk_tokens = n_disk * self.block_size  # (the part staged from G3)
             self.loaded.append(req)
 
         return landed

@@ -4,6 +4,7 @@ and its links shared by every rank, as `kv_cache`'s scopes say.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import simpy
@@ -26,13 +27,17 @@ def _link(
     latency_ms: float,
     shared: bool,
     pool_bandwidth_gbps: float = 0.0,
+    instant_latency: bool = False,
 ) -> Link:
-    """A tier link: 0 GB/s is instant. A private link queues copies in one FIFO lane; a shared
-    one shares `pool_bandwidth_gbps` (0 = unlimited) with a per-worker cap of `bandwidth_gbps`."""
+    """A tier link: 0 GB/s is instant (after the latency, with `instant_latency`: G3's). A
+    private link queues copies in one FIFO lane; a shared one shares `pool_bandwidth_gbps`
+    (0 = unlimited) with a per-worker cap of `bandwidth_gbps`."""
     if not shared:
         bw = bandwidth_gbps or None
         return Link(env, name, bw, latency_ms if bw else 0.0, "fifo_lanes", recorder, lanes=1)
     if not bandwidth_gbps and not pool_bandwidth_gbps:
+        if instant_latency and latency_ms > 0:  # no bandwidth limit: each copy takes the latency
+            return Link(env, name, math.inf, latency_ms, "per_request", recorder)
         return Link(env, name, None, 0.0, "per_request", recorder)
     return Link(
         env,
@@ -151,10 +156,8 @@ class TierBuilder:
         ttfb = disk.latency_to_first_byte_ms
         pool_w = disk.shared_write_bandwidth_gbps if shared else disk.write_bandwidth_gbps
         pool_r = disk.shared_read_bandwidth_gbps if shared else disk.read_bandwidth_gbps
-        write = _link(
-            self.env, f"{name}.write", self.recorder, disk.write_bandwidth_gbps, ttfb, True, pool_w
-        )
-        read = _link(
-            self.env, f"{name}.read", self.recorder, disk.read_bandwidth_gbps, ttfb, True, pool_r
-        )
+        env, rec = self.env, self.recorder
+        write_bw, read_bw = disk.write_bandwidth_gbps, disk.read_bandwidth_gbps
+        write = _link(env, f"{name}.write", rec, write_bw, ttfb, True, pool_w, True)
+        read = _link(env, f"{name}.read", rec, read_bw, ttfb, True, pool_r, True)
         return self._pool(name, DISK, disk.num_g3_blocks, worker, 0, order), write, read

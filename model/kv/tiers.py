@@ -19,9 +19,11 @@ it):
 * **Load (G2 -> G1).** At admission, after the G1 prefix lookup, the consecutive blocks after the
   G1 prefix found in G2 (then in G3) are a hit: if all the request's blocks fit beside those
   promised to prompts under way, the scheduler takes G1 blocks for the hits, the request is
-  set aside (ahead of the waiting queue), G3 hits are staged into G2 (G3 -> G2), then every
-  hit is copied G2 -> G1; when it lands the blocks are registered in G1 and the request is
-  admitted when a pass reaches it among those set aside, once the rest of its blocks fit.
+  set aside (ahead of the waiting queue) and the hits are copied G2 -> G1 (with G3, the lookup
+  first stages the G3 hits into G2, G3 -> G2, and sets the request aside until they land:
+  copies into G1 come from G2 only); when it lands the blocks are registered in G1 and the
+  request is admitted when a pass reaches it among those set aside, once the rest of its
+  blocks fit.
   Looking a request up refreshes its prompt's G2 blocks. A request that needs blocks still
   being loaded for another (or whose own store is in flight) is set aside the same way, fit or
   not, without holding up the queue behind it.
@@ -241,6 +243,8 @@ class RankTiers:
         self.rank: Rank | None = None
         # G1 blocks a store to G2 is reading -> the landing of the latest such store
         self.store_of: dict[Any, simpy.Event] = {}
+        # G3 blocks staged into G2 by a request's lookup (by request index), until it loads
+        self.staged: dict[int, set[int]] = {}
 
     def blocks_arrived(self) -> None:
         """Blocks landed in G2: a request deferred until they did may be admitted now."""
@@ -414,10 +418,9 @@ class RankTiers:
 
     # ------------------------------------------------------------------ G2 (G3) -> G1
 
-    def lookup(self, hashes: list[int], start: int, stop: int) -> tuple[int, int, bool]:
-        """Blocks after the G1 prefix (`hashes[start:stop]`) found in G2, then consecutive
-        blocks after those found in G3 (and not already on their way into G2); and whether G2
-        is still receiving one of those it counts (a store in flight: counted, not readable)."""
+    def lookup(self, hashes: list[int], start: int, stop: int) -> tuple[int, bool]:
+        """Blocks after the G1 prefix (`hashes[start:stop]`) found in G2; and whether G2 is
+        still receiving one of those it counts (a copy in flight: counted, not readable)."""
         keys = hashes[start:stop]
         g2 = self.g2
         n_host = g2.lookup(keys)
@@ -427,43 +430,80 @@ class RankTiers:
             while n_host < len(keys) and keys[n_host] in incoming:
                 on_the_way = True
                 n_host += g2.lookup(keys[n_host + 1 :]) + 1
-        n_disk = 0
-        g3 = self.g3
-        if g3 is not None and not on_the_way:
-            for k in keys[n_host:]:
-                # a run of blocks G2 can stage (none already in G2, or on its way there)
-                if k not in g3.resident or k in g2.resident or k in g2.incoming:
-                    break
-                n_disk += 1
-        return n_host, n_disk, on_the_way
+        return n_host, on_the_way
 
-    def reserve_load(self, host_keys: list[int], disk_keys: list[int]) -> int:
-        """Hold what a load of `host_keys` (in G2) and `disk_keys` (in G3) reads: the G2 blocks,
-        and room in G2 to stage the G3 ones; returns how many G3 blocks G2 could take (all of
-        them, or none when it has no room for them all: they are then recomputed)."""
+    def stage(self, req: Request, keys: list[int]) -> bool:
+        """Looking `req` up with G3 (its prompt's `keys` after the G1 prefix): the blocks G2
+        lacks and G3 holds, up to the first block neither holds, are staged into G2 in one
+        `g3_to_g2` copy (G2 room taken block by block, while it fits). True when some are, or
+        a block of that run is still on its way into G2 or G3: the request is set aside and
+        looked up again once they land (as Dynamo does: it loads into G1 from G2 only)."""
         g2 = self.g2
-        g2.pin(host_keys)
+        g3 = self.g3
+        assert g3 is not None
         staged: list[int] = []
-        if disk_keys:  # (none of them is in G2: `lookup` counts only those it lacks)
-            staged = g2.reserve(disk_keys) or []
-        if staged:
-            assert self.g3 is not None
-            self.g3.pin(staged)
-        return len(staged)
+        on_the_way = False
+        for k in keys:
+            if k in g2.resident:
+                continue
+            if k in g2.incoming:
+                on_the_way = True
+            elif k in g3.resident:
+                if not g2.reserve([k], counted=1):
+                    break  # G2 has no room left for it
+                staged.append(k)
+            elif k in g3.incoming:
+                on_the_way = True
+            else:
+                break
+        if not staged:
+            return on_the_way
+        g3.pin(staged)
+        self.staged.setdefault(req.idx, set()).update(staged)
+        self.env.process(self._stage(req, staged))
+        return True
+
+    def _stage(self, req: Request, keys: list[int]):  # type: ignore[no-untyped-def]
+        assert self.worker is not None and self.g3 is not None and self.g3_to_g2 is not None
+        worker = self.worker
+        n = len(keys)
+        yield self.g3_to_g2.submit(
+            req.request_id, n * self.block_bytes, n * self.block_size, "g3_to_g2", worker.order
+        )
+        g2 = self.g2
+        g3 = self.g3
+        cohort = self.cohort(req, keys)
+
+        def landed() -> None:
+            g2.land(cohort)
+            g3.unpin(keys)
+            g3.touch(keys)
+
+        if len(g2.readers) > 1:  # a shared G2: readable by every worker at once
+            landed()
+        else:  # at this worker's pass boundary, as a store's
+            worker.apply(landed)
+
+    def staged_from_g3(self, req: Request, keys: list[int]) -> int:
+        """How many of `keys` (loaded now for `req`) this request staged from G3."""
+        staged = self.staged.pop(req.idx, None)
+        return sum(1 for k in keys if k in staged) if staged else 0
+
+    def reserve_load(self, keys: list[int]) -> None:
+        """Hold the G2 blocks a load into G1 reads (pinned until it lands)."""
+        self.g2.pin(keys)
 
     def load(
         self,
         req: Request,
-        host_keys: list[int],
-        disk_keys: list[int],
-        landed: Callable[[int, int], None],
+        keys: list[int],
+        landed: Callable[[], None],
         fences: list[simpy.Event],
     ) -> None:
-        """Bring `host_keys` (in G2) and `disk_keys` (in G3, staged through G2) to G1 for `req`,
-        as reserved by `reserve_load`, once the `fences` (stores still reading the G1 blocks
-        taken for them) have landed. `landed(n_host, n_disk)` runs on the rank's worker when
-        the blocks are in G1."""
-        self.env.process(self._load(req, host_keys, disk_keys, landed, fences))
+        """Bring `keys` (in G2, pinned by `reserve_load`) to G1 for `req`, once the `fences`
+        (stores still reading the G1 blocks taken for them) have landed. `landed()` runs on the
+        rank's worker when the blocks are in G1."""
+        self.env.process(self._load(req, keys, landed, fences))
 
     def g1_changed(self) -> None:
         """The rank's G1 pool changed outside a pass (blocks taken for a load): record it."""
@@ -473,34 +513,25 @@ class RankTiers:
     def _load(
         self,
         req: Request,
-        host_keys: list[int],
-        disk_keys: list[int],
-        landed: Callable[[int, int], None],
+        keys: list[int],
+        landed: Callable[[], None],
         fences: list[simpy.Event],
     ):  # type: ignore[no-untyped-def]
         assert self.worker is not None
         worker = self.worker
-        bs = self.block_size
-        if disk_keys:
-            assert self.g3 is not None and self.g3_to_g2 is not None
-            n = len(disk_keys)
-            yield self.g3_to_g2.submit(
-                req.request_id, n * self.block_bytes, n * bs, "g3_to_g2", worker.order
-            )
-            self.g2.land(disk_keys)
-            self.g2.pin(disk_keys)
-            self.g3.unpin(disk_keys)
-            self.g3.touch(disk_keys)
-        keys = host_keys + disk_keys
         fences = [f for f in fences if not f.processed]
         if fences:
             yield self.env.all_of(fences)
         yield self.h2d.submit(
-            req.request_id, len(keys) * self.block_bytes, len(keys) * bs, "h2d", worker.order
+            req.request_id,
+            len(keys) * self.block_bytes,
+            len(keys) * self.block_size,
+            "h2d",
+            worker.order,
         )
         g2 = self.g2
         g2.unpin(keys)
-        # read (those staged from G3 too), they rejoin the LRU together: the most recent, one cohort
+        # read, they rejoin the LRU together: the most recent, one cohort
         g2.refresh(self.cohort(req, [k for k in keys if k in g2.resident]))
-        worker.apply(lambda: landed(len(host_keys), len(disk_keys)))
+        worker.apply(landed)
         worker.wake()

@@ -334,18 +334,22 @@ class _StubTiers:
 
     def __init__(self) -> None:
         self.g2 = TierPool(simpy.Environment(), "g2", "host", 8, _Levels(), False)  # type: ignore[arg-type]
+        self.g3 = None
         self.loads: list[tuple[str, list[str]]] = []
 
     def lookup(self, hashes, start, stop):
-        return stop - start, 0, False
+        return stop - start, False
 
-    def reserve_load(self, host_keys, disk_keys):
-        return 0
+    def reserve_load(self, keys):
+        pass
 
     def landings(self, keys):
         return [f"store of {k}" for k in keys]
 
-    def load(self, req, host_keys, disk_keys, landed, fences):
+    def staged_from_g3(self, req, keys):
+        return 0
+
+    def load(self, req, keys, landed, fences):
         self.loads.append((req.request_id, fences))
 
     def g1_changed(self):

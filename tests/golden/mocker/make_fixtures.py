@@ -1759,6 +1759,85 @@ ZY_CASES += [
         zy_set_aside_order_trace,
     ),
 ]
+
+
+def zy_g3_stage_trace() -> list[Row]:
+    """4377 (at 1177) shares a 24-block prefix with 5775, by then only in G3: at 1266.9 the
+    lookup stages it into G2 (G3 -> G2), and the copy into G1 starts at the next pass."""
+    return [
+        _zy_row(0, 5775, 2, [8, 9, 10, *range(1004, 1013)]),
+        _zy_row(354, 10353, 16, [*range(111, 132)]),
+        _zy_row(774, 8246, 2, [*range(1033, 1050)]),
+        _zy_row(1053, 7150, 37, [*range(16, 20), *range(1057, 1067)]),
+        _zy_row(1076, 4377, 398, [8, 9, 10, *range(1067, 1073)]),
+    ]
+
+
+def zy_g3_instant_read_trace() -> list[Row]:
+    """tier_fuzz.py --g3 case 34: blocks read back from a G3 of unlimited bandwidth still take
+    its 0.1 ms latency."""
+    return [
+        _zy_row(50, 15, 28, [10000]),
+        _zy_row(50, 218, 1, [2000, 2001, 2002, 10100]),
+        _zy_row(60, 178, 0, [0, 10200, 10201]),
+        _zy_row(70, 131, 1, [0, 1, 10300]),
+        _zy_row(80, 196, 6, [2000, 2001, 10400, 10401]),
+        _zy_row(85, 311, 17, [1000, 1001, 1002, 10500, 10501]),
+        _zy_row(90, 351, 25, [0, 1, 2, 10600, 10601, 10602]),
+        _zy_row(110, 60, 1, [10700]),
+        _zy_row(317, 398, 0, [*range(2000, 2004), 10800, 10801, 10802]),
+        _zy_row(417, 243, 1, [3000, 3001, 3002, 10900]),
+    ]
+
+
+ZY_CASES += [
+    ZxCase(
+        "zy9_g3_stage_then_load",
+        "5 requests, 1 worker, G1 400 blocks over a 300-block G2 and a 3,000-block G3: a G3 hit "
+        "is staged into G2 at the lookup (the request set aside), then loaded from G2",
+        zy_g3_stage_trace,
+        engine={"num_gpu_blocks": 400, "kv_cache_bytes_per_token": KV_BYTES_PER_TOKEN},
+        servesim_overrides=(
+            "engine.num_gpu_blocks=400",
+            "kv_cache.host_offload.num_host_blocks=300",
+            "kv_cache.disk.num_g3_blocks=3000",
+        ),
+        tiers={
+            "native_host_offload": zx_host(300, bw=32.0),
+            "g3_offload": zx_disk(3000, 10.0),
+        },
+    ),
+    ZxCase(
+        "zy10_g3_instant_read_latency",
+        "10 requests, 1 worker, fixed 7 / 3 ms, G1 16 blocks, an 11-block G2, a 42-block G3 read "
+        "at unlimited bandwidth: each read still takes the 0.1 ms latency",
+        zy_g3_instant_read_trace,
+        trace_block_size=64,
+        engine={
+            "timing_model": {"type": "fixed", "prefill_ms": 7.0, "decode_ms": 3.0},
+            "num_gpu_blocks": 16,
+            "max_num_batched_tokens": 64,
+            "kv_cache_bytes_per_token": KV_BYTES_PER_TOKEN,
+        },
+        servesim_overrides=(
+            "timing=fixed",
+            "timing.prefill_ms=7.0",
+            "timing.decode_ms=3.0",
+            "engine.num_gpu_blocks=16",
+            "engine.max_num_batched_tokens=64",
+            "kv_cache.host_offload.num_host_blocks=11",
+            "kv_cache.host_offload.d2h_bandwidth_gbps=8.388608",
+            "kv_cache.host_offload.h2d_bandwidth_gbps=8.388608",
+            "kv_cache.disk.num_g3_blocks=42",
+            "kv_cache.disk.read_bandwidth_gbps=0.0",
+            "kv_cache.disk.write_bandwidth_gbps=8.388608",
+        ),
+        tiers={
+            "native_host_offload": zx_host(11),
+            "g3_offload": {**zx_disk(42, 8.388608), "read_bandwidth_gbps": 0.0},
+        },
+    ),
+]
 CASES += ZY_CASES
 
 
