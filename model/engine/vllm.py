@@ -505,6 +505,10 @@ class VllmScheduler:
         running = self.running
         items = batch.items
         pool = self.pool
+        if pool.fenced_blocks:
+            # blocks granted between passes (a P/D reservation) were waited for: this pass's
+            # own grants alone keep a store back (`RankTiers.prepare_stores`)
+            pool.fenced_blocks.clear()
         bs = self.block_size
         caching = pool.enable_caching
         n_steps = steps_ctx = 0  # plain decode steps, and the sum of their sequence lengths
