@@ -146,6 +146,8 @@ class TierBuilder:
         tiers.worker = worker
         tiers.rank = rank
         g2.readers.append(tiers)
+        if g3 is not None:  # (a block landing in G3 may end a lookup's wait for it)
+            g3.readers.append(tiers)
         return tiers
 
     def _disk(

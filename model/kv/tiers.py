@@ -163,6 +163,21 @@ class TierPool:
         self._sample()
         return missing
 
+    def stage_room(self, key: int, keep: set[int]) -> bool:
+        """Room for `key`, a block staged from the tier below, evicting the least recently used
+        unpinned block outside `keep`; False when there is none."""
+        if self.free_blocks <= 0:
+            pins = self.pins
+            victim = next((k for k in self.resident if k not in pins and k not in keep), None)
+            if victim is None:
+                return False
+            del self.resident[victim]
+            self._event(REMOVED, victim)
+            self.n_evicted += 1
+        self.incoming.add(key)
+        self._sample()
+        return True
+
     def _evict(self, n: int) -> None:
         victims = evict_oldest(self.resident, self.pins, n)
         for k in victims:
@@ -435,7 +450,8 @@ class RankTiers:
     def stage(self, req: Request, keys: list[int]) -> bool:
         """Looking `req` up with G3 (its prompt's `keys` after the G1 prefix): the blocks G2
         lacks and G3 holds, up to the first block neither holds, are staged into G2 in one
-        `g3_to_g2` copy (G2 room taken block by block, while it fits). True when some are, or
+        `g3_to_g2` copy (G2 room taken block by block while it fits, never evicting the run's
+        own blocks). True when some are, or
         a block of that run is still on its way into G2 or G3: the request is set aside and
         looked up again once they land (as Dynamo does: it loads into G1 from G2 only)."""
         g2 = self.g2
@@ -443,13 +459,16 @@ class RankTiers:
         assert g3 is not None
         staged: list[int] = []
         on_the_way = False
+        # (the run's blocks already in G2 are kept: staging the rest never evicts them, so a
+        # run longer than G2 stages what fits and the request goes on with that)
+        keep = {k for k in keys if k in g2.resident}
         for k in keys:
             if k in g2.resident:
                 continue
             if k in g2.incoming:
                 on_the_way = True
             elif k in g3.resident:
-                if not g2.reserve([k], counted=1):
+                if not g2.stage_room(k, keep):
                     break  # G2 has no room left for it
                 staged.append(k)
             elif k in g3.incoming:

@@ -385,3 +385,32 @@ def test_a_pass_and_a_load_it_starts_each_wait_for_the_stores_they_evicted_from(
     batch = sched.schedule(1)
     assert batch.fences == ["store of 203"]
     assert tiers.loads == [("C", ["store of 202"])]
+
+
+def test_a_request_waiting_for_a_block_still_being_written_to_g3_goes_on_when_it_lands(
+    config, trace
+):
+    """A's block 1 is stored to worker 0's G2 at 10 and written to the shared G3 10 -> 11.1. B
+    (block 1 + block 7, worker 1, whose G2 lacks block 1) arrives at 11: the block is still on
+    its way into G3, so B is set aside; the landing wakes it, its lookup stages the block into
+    G2 11.1 -> 12.2, it is loaded (instantly) and admitted at 12.2, first token at 22.2."""
+    host = {"num_host_blocks": 1, "d2h_bandwidth_gbps": 0.0, "h2d_bandwidth_gbps": 0.0}
+    disk = {
+        "num_g3_blocks": 1,
+        "scope": "cluster_shared",
+        "read_bandwidth_gbps": ONE_BLOCK_PER_MS,
+        "write_bandwidth_gbps": ONE_BLOCK_PER_MS,
+        "shared_read_bandwidth_gbps": 0.0,
+        "shared_write_bandwidth_gbps": 0.0,
+    }
+    rows = [row(0, 64, 0, [1]), row(11, 128, 1, [1, 7])]
+    r = run(config, trace, rows, host=host, disk=disk, workers=2)
+    b = r.requests.iloc[1]
+    assert b.terminal_status == "completed"
+    assert b.first_admit_ms == pytest.approx(12.2)
+    assert b.first_token_ms == pytest.approx(22.2)
+    assert b.disk_reused_input_tokens == 64
+    assert copies(r, "g2_to_g3").end_ms[0] == pytest.approx(11.1)  # (B's block 7 later)
+    restore = copies(r, "g3_to_g2")
+    assert len(restore) == 1
+    assert [restore.submit_ms[0], restore.end_ms[0]] == pytest.approx([11.1, 12.2])
