@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from model.engine.worker import Rank, Worker
 
 HOST = "host"
+RESTAGE_LIMIT = 64  # G3 blocks a request may stage again after losing them, before checking room
 DISK = "disk"
 
 
@@ -163,20 +164,12 @@ class TierPool:
         self._sample()
         return missing
 
-    def stage_room(self, key: int, keep: set[int]) -> bool:
-        """Room for `key`, a block staged from the tier below, evicting the least recently used
-        unpinned block outside `keep`; False when there is none."""
-        if self.free_blocks <= 0:
-            pins = self.pins
-            victim = next((k for k in self.resident if k not in pins and k not in keep), None)
-            if victim is None:
-                return False
-            del self.resident[victim]
-            self._event(REMOVED, victim)
-            self.n_evicted += 1
-        self.incoming.add(key)
-        self._sample()
-        return True
+    def can_hold(self, keys: set[int]) -> bool:
+        """Whether room for all of `keys` can be had without evicting any of them."""
+        resident, incoming, pins = self.resident, self.incoming, self.pins
+        missing = sum(1 for k in keys if k not in resident and k not in incoming)
+        evictable = sum(1 for k in resident if k not in pins and k not in keys)
+        return missing <= self.free_blocks + evictable
 
     def _evict(self, n: int) -> None:
         victims = evict_oldest(self.resident, self.pins, n)
@@ -258,8 +251,10 @@ class RankTiers:
         self.rank: Rank | None = None
         # G1 blocks a store to G2 is reading -> the landing of the latest such store
         self.store_of: dict[Any, simpy.Event] = {}
-        # G3 blocks staged into G2 by a request's lookup (by request index), until it loads
+        # G3 blocks staged into G2 by a request's lookup (by request index), until it loads,
+        # and how many it staged again after they were evicted
         self.staged: dict[int, set[int]] = {}
+        self.restaged: dict[int, int] = {}
 
     def blocks_arrived(self) -> None:
         """Blocks landed in G2: a request deferred until they did may be admitted now."""
@@ -450,8 +445,7 @@ class RankTiers:
     def stage(self, req: Request, keys: list[int]) -> bool:
         """Looking `req` up with G3 (its prompt's `keys` after the G1 prefix): the blocks G2
         lacks and G3 holds, up to the first block neither holds, are staged into G2 in one
-        `g3_to_g2` copy (G2 room taken block by block while it fits, never evicting the run's
-        own blocks). True when some are, or
+        `g3_to_g2` copy (G2 room taken block by block while it fits). True when some are, or
         a block of that run is still on its way into G2 or G3: the request is set aside and
         looked up again once they land (as Dynamo does: it loads into G1 from G2 only)."""
         g2 = self.g2
@@ -459,16 +453,25 @@ class RankTiers:
         assert g3 is not None
         staged: list[int] = []
         on_the_way = False
-        # (the run's blocks already in G2 are kept: staging the rest never evicts them, so a
-        # run longer than G2 stages what fits and the request goes on with that)
-        keep = {k for k in keys if k in g2.resident}
+        before = self.staged.get(req.idx)
+        run: set[int] | None = None
         for k in keys:
             if k in g2.resident:
                 continue
             if k in g2.incoming:
                 on_the_way = True
             elif k in g3.resident:
-                if not g2.stage_room(k, keep):
+                if before is not None and k in before:
+                    # staged for this request before and evicted since: as in Dynamo, staged
+                    # again, but after RESTAGE_LIMIT times only if its whole run fits, or a run
+                    # longer than G2 would evict itself forever (it goes on with what it has)
+                    n = self.restaged[req.idx] = self.restaged.get(req.idx, 0) + 1
+                    if n > RESTAGE_LIMIT:
+                        if run is None:
+                            run = self._run(keys)
+                        if not g2.can_hold(run):
+                            break
+                if not g2.reserve([k], counted=1):
                     break  # G2 has no room left for it
                 staged.append(k)
             elif k in g3.incoming:
@@ -481,6 +484,17 @@ class RankTiers:
         self.staged.setdefault(req.idx, set()).update(staged)
         self.env.process(self._stage(req, staged))
         return True
+
+    def _run(self, keys: list[int]) -> set[int]:
+        """The leading `keys` found in G2 or G3 (resident or on their way)."""
+        g2, g3 = self.g2, self.g3
+        assert g3 is not None
+        run: set[int] = set()
+        for k in keys:
+            if not (k in g2.resident or k in g2.incoming or k in g3.resident or k in g3.incoming):
+                break
+            run.add(k)
+        return run
 
     def _stage(self, req: Request, keys: list[int]):  # type: ignore[no-untyped-def]
         assert self.worker is not None and self.g3 is not None and self.g3_to_g2 is not None
@@ -506,6 +520,7 @@ class RankTiers:
     def staged_from_g3(self, req: Request, keys: list[int]) -> int:
         """How many of `keys` (loaded now for `req`) this request staged from G3."""
         staged = self.staged.pop(req.idx, None)
+        self.restaged.pop(req.idx, None)
         return sum(1 for k in keys if k in staged) if staged else 0
 
     def reserve_load(self, keys: list[int]) -> None:
