@@ -12,7 +12,8 @@ import simpy
 from model.config.derived import kv_block_bytes, kv_events_on
 from model.config.schema import RunConfig, VllmEngineConfig
 from model.kv.link import Link
-from model.kv.tiers import DISK, HOST, RankTiers, TierPool
+from model.kv.tier_pool import TierPool
+from model.kv.tiers import DISK, HOST, RankTiers
 from model.metrics.recorder import Recorder
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ import simpy
 
 from model import simulate
 from model.config import ConfigError
-from model.kv.tiers import TierPool
+from model.kv.tier_pool import TierPool
 
 FIXED = {"kind": "fixed", "prefill_ms": 10.0, "decode_ms": 1.0}
 BLOCK_BYTES = 64 * 131072
