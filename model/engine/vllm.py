@@ -506,8 +506,9 @@ class VllmScheduler:
         items = batch.items
         pool = self.pool
         if pool.fenced_blocks:
-            # blocks granted between passes (a P/D reservation) were waited for: this pass's
-            # own grants alone keep a store back (`RankTiers.prepare_stores`)
+            # only this pass's grants from under a copy in flight keep a store back
+            # (`RankTiers.prepare_stores`): the last pass's are done with, and those made
+            # between passes (a P/D reservation) were waited for
             pool.fenced_blocks.clear()
         bs = self.block_size
         caching = pool.enable_caching
@@ -628,11 +629,7 @@ class VllmScheduler:
                 if lower == DEFERRED:
                     # blocks it needs are still on their way: set aside before its KV is even
                     # checked (Dynamo's connector lookup comes first)
-                    if queue is waiting:  # it joins the deferred requests, behind them
-                        del waiting[k]
-                        self.deferred.append(req)
-                    else:
-                        k += 1
+                    k = self._set_aside(queue, k)
                     continue
             needed = -(-seq // bs) - hit_active
             if needed > pool.free_blocks:
@@ -672,13 +669,7 @@ class VllmScheduler:
                 if needed > pool.free_blocks - self._promised_blocks():
                     break  # the blocks promised to prompts under way come first (as in Dynamo)
                 self._start_load(req, hashes, hit, n_host)
-                # it waits for its copy set aside (joining the others, behind them); the next
-                # one may go
-                if queue is waiting:
-                    del waiting[k]
-                    self.deferred.append(req)
-                else:
-                    k += 1
+                k = self._set_aside(queue, k)  # it waits for its copy; the next one may go
                 continue
             if not cfg.enable_chunked_prefill and req.input_length - cached > budget:
                 break  # no room in this pass; checked before any block is pinned
@@ -698,6 +689,16 @@ class VllmScheduler:
             budget -= n
             if batch.n_preempted != preempted or (n == 0 and budget == 0):
                 break
+
+    def _set_aside(self, queue: deque[Request], k: int) -> int:
+        """`queue[k]` waits set aside: a waiting request joins the deferred ones, behind them
+        (one already among them keeps its place). The index of the next request to look at."""
+        if queue is self.waiting:
+            req = queue[k]
+            del queue[k]
+            self.deferred.append(req)
+            return k
+        return k + 1
 
     def _lower_hit(self, req: Request, hashes: list[int], hit: int, seq: int) -> tuple[int, int]:
         """Whether the prompt after the G1 hit continues in G2: (LOADING, blocks in G2) when
@@ -732,9 +733,7 @@ class VllmScheduler:
         for r in self.running:
             if r.num_computed_tokens < r.input_length:
                 n += -(-r.seq_len // bs) - len(r.held_hashes) - r.held_private_blocks
-        for r in self.loading.values():
-            n += -(-r.seq_len // bs) - r.loaded_blocks
-        for r in self.loaded:
+        for r in (*self.loading.values(), *self.loaded):
             n += -(-r.seq_len // bs) - r.loaded_blocks
         return n
 

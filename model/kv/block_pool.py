@@ -129,8 +129,8 @@ class PoolBase:
         self.n_pinned_inactive = 0
         self.fenced: list[Key] = []
         # for each fenced key, its rank among the blocks its eviction took; and, by request,
-        # the positions of the blocks it was granted from under a copy still in flight (until
-        # the tiers have prepared the pass's stores: such a block cannot be copied yet)
+        # the positions of the blocks it was granted from under a copy still in flight in the
+        # pass being formed (cleared as a pass is formed; such a block is not copied in it)
         self.fenced_ranks: list[int] = []
         self.fenced_blocks: dict[Request, list[int]] = {}
         self.record_events = record_events

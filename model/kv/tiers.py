@@ -117,7 +117,6 @@ class RankTiers:
                 store = self._prepare_store(req, n_full)
                 if store is not None:
                     batch.stores.append(store)
-        fenced.clear()
 
     def _still_read(self, req: Request, positions: list[int], n_full: int) -> bool:
         """Whether a block `req` would copy to G2 now (one G2 lacks) sits where a copy still in
