@@ -118,6 +118,18 @@ class RankTiers:
                 if store is not None:
                     batch.stores.append(store)
 
+    def _copy(self, link: Link, request_id: str, n_blocks: int, kind: str) -> simpy.Event:
+        """Start a copy of `n_blocks` blocks on `link` (one row of the transfers table); the
+        event fires when they have arrived."""
+        assert self.worker is not None
+        return link.submit(
+            request_id,
+            n_blocks * self.block_bytes,
+            n_blocks * self.block_size,
+            kind,
+            self.worker.order,
+        )
+
     def _still_read(self, req: Request, positions: list[int], n_full: int) -> bool:
         """Whether a block `req` would copy to G2 now (one G2 lacks) sits where a copy still in
         flight reads: Dynamo copies none of the request's blocks this pass then."""
@@ -173,13 +185,7 @@ class RankTiers:
         pool = self.rank.pool
         worker = self.worker
         store_of = self.store_of
-        done = self.d2h.submit(
-            req.request_id,
-            len(admitted) * self.block_bytes,
-            len(admitted) * self.block_size,
-            "d2h",
-            worker.order,
-        )
+        done = self._copy(self.d2h, req.request_id, len(admitted), "d2h")
 
         g2 = self.g2
         shared = len(g2.readers) > 1
@@ -243,14 +249,7 @@ class RankTiers:
         if not admitted:
             return
         self.g2.pin(admitted)
-        assert self.worker is not None
-        done = self.g2_to_g3.submit(
-            request_id,
-            len(admitted) * self.block_bytes,
-            len(admitted) * self.block_size,
-            "g2_to_g3",
-            self.worker.order,
-        )
+        done = self._copy(self.g2_to_g3, request_id, len(admitted), "g2_to_g3")
 
         def landed(_: simpy.Event) -> None:
             g3.land(admitted)
@@ -334,10 +333,7 @@ class RankTiers:
     def _stage(self, req: Request, keys: list[int]):  # type: ignore[no-untyped-def]
         assert self.worker is not None and self.g3 is not None and self.g3_to_g2 is not None
         worker = self.worker
-        n = len(keys)
-        yield self.g3_to_g2.submit(
-            req.request_id, n * self.block_bytes, n * self.block_size, "g3_to_g2", worker.order
-        )
+        yield self._copy(self.g3_to_g2, req.request_id, len(keys), "g3_to_g2")
         g2 = self.g2
         g3 = self.g3
         cohort = self.cohort(req, keys)
@@ -391,13 +387,7 @@ class RankTiers:
         fences = [f for f in fences if not f.processed]
         if fences:
             yield self.env.all_of(fences)
-        yield self.h2d.submit(
-            req.request_id,
-            len(keys) * self.block_bytes,
-            len(keys) * self.block_size,
-            "h2d",
-            worker.order,
-        )
+        yield self._copy(self.h2d, req.request_id, len(keys), "h2d")
         g2 = self.g2
         g2.unpin(keys)
         # read, they rejoin the LRU together: the most recent, one cohort
