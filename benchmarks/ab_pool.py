@@ -18,9 +18,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
 
 import compare_dynamo  # noqa: E402
 
-import model.cluster.base as base  # noqa: E402
-from model import simulate  # noqa: E402
-from model.kv.block_pool import BlockPool  # noqa: E402
+import servesim.cluster.base as base  # noqa: E402
+from servesim import simulate  # noqa: E402
+from servesim.kv.block_pool import BlockPool  # noqa: E402
 
 
 def main(argv: list[str]) -> None:

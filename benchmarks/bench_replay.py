@@ -49,7 +49,7 @@ Cases (`--cases`, comma-separated; default conv4,conv1,conv2,synth2):
     pd22       conversation_trace.jsonl, 2P2D: 2 prefill + 2 decode workers, instant KV link
 
 Generated traces (synth100k and the `--scale` cases) are Mooncake JSONL written by servesim's
-synthetic generator (`model.workload.synthetic.generate`, seed 0), lengths and prefix sharing
+synthetic generator (`servesim.workload.synthetic.generate`, seed 0), lengths and prefix sharing
 fitted to synthetic_trace.jsonl (lognormal input mean 15,325 / std 18,380 tokens, output mean
 149 / std 178, 30 % of a prompt's blocks shared within 50 prefix groups) and Poisson arrivals at
 3.9 req/s, so that simulated time and work grow linearly with requests. Rows are streamed to
@@ -184,7 +184,7 @@ TRACE_FORMAT = 1
 def child_main(request_path: str, result_path: str) -> int:
     """Inside the fresh servesim interpreter: import, validate, simulate, report."""
     t0 = time.perf_counter()
-    from model import simulate, validate_config
+    from servesim import simulate, validate_config
 
     t1 = time.perf_counter()
     request = json.loads(Path(request_path).read_text())
@@ -358,8 +358,8 @@ def trace_cache_name(n: int, seed: int = SCALE_SEED) -> str:
     decides its rows (generator settings, the generator's and the streams' source, numpy)."""
     import numpy as np
 
-    from model.sim import STREAMS
-    from model.workload import synthetic
+    from servesim.sim import STREAMS
+    from servesim.workload import synthetic
 
     key = {
         "format": TRACE_FORMAT,
@@ -402,9 +402,9 @@ def generate_trace(n: int, path: Path, seed: int = SCALE_SEED) -> dict[str, Any]
     row. Returns its statistics. Only the lengths (16 bytes a row) stay in memory, for them."""
     import numpy as np
 
-    from model.config.schema import SyntheticWorkload
-    from model.sim import random_streams
-    from model.workload.synthetic import generate
+    from servesim.config.schema import SyntheticWorkload
+    from servesim.sim import random_streams
+    from servesim.workload.synthetic import generate
 
     cfg = SyntheticWorkload.model_validate({**SCALE_WORKLOAD, "num_sessions": n})
     streams = random_streams(seed)
@@ -496,8 +496,8 @@ def mocker_skip_reason(n_requests: int, args: argparse.Namespace) -> str | None:
 
 
 def _plan_processes(cfg: Any) -> tuple[int, str]:
-    """How many processes servesim replays `cfg` in (model.parallel.plan_processes)."""
-    from model.parallel import plan_processes
+    """How many processes servesim replays `cfg` in (servesim.parallel.plan_processes)."""
+    from servesim.parallel import plan_processes
 
     return plan_processes(cfg)
 
@@ -989,7 +989,7 @@ def _revision(env_info: dict[str, Any]) -> str:
 
 def _native_build(python: str) -> str | None:
     """The native build (model/native.py) the servesim interpreter uses, if any."""
-    code = "import model, model.native as n; print(n.ACTIVE or '')"
+    code = "import servesim, servesim.native as n; print(n.ACTIVE or '')"
     try:
         out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True)
     except (OSError, subprocess.CalledProcessError):

@@ -1,4 +1,4 @@
-"""What one routing decision of the KV-aware router (`model.router.kv.KvRouter`) costs in wall
+"""What one routing decision of the KV-aware router (`servesim.router.kv.KvRouter`) costs in wall
 time, as the number of targets and the length of the pending queue grow.
 
 A benchmark, not a test: it measures and reports, and never treats a time as a pass or fail
@@ -77,11 +77,11 @@ from typing import Any
 import numpy as np
 import simpy
 
-from model.config.schema import KvRouter as KvRouterConfig
-from model.kv.block_pool import STORED
-from model.metrics.recorder import Recorder
-from model.router.kv import KvRouter
-from model.workload.request import Request
+from servesim.config.schema import KvRouter as KvRouterConfig
+from servesim.kv.block_pool import STORED
+from servesim.metrics.recorder import Recorder
+from servesim.router.kv import KvRouter
+from servesim.workload.request import Request
 
 REPO = Path(__file__).resolve().parents[1]
 BLOCK = 64  # tokens per block (vLLM / mocker default)
@@ -134,7 +134,7 @@ class SetupError(RuntimeError):
 class Prompts:
     """Chained block ids: a system prompt, a document under it, then the request's own blocks.
 
-    A block id stands for its whole prefix (as `model.workload.hashing` makes them): documents'
+    A block id stands for its whole prefix (as `servesim.workload.hashing` makes them): documents'
     ids are unique to the document, and a document always follows the same system prompt, so
     two prompts share block j exactly when they share blocks 0..j."""
 

@@ -55,12 +55,10 @@ from pathlib import Path
 from typing import Any, cast
 
 import pandas as pd
-from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
-from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from model import RunConfig, simulate, validate_config
+from servesim import RunConfig, compose, simulate
 
 REPO = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO / "conf"
@@ -367,11 +365,7 @@ def compose_point_config(
 ) -> RunConfig:
     """servesim's RunConfig for one point, composed from conf/ as the `servesim` CLI would
     (the user's overrides last, so they win)."""
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=[*point_overrides(point, timing, seed), *overrides])
-    data = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(data, dict)
-    return validate_config(cast(dict[str, Any], data))
+    return compose([*point_overrides(point, timing, seed), *overrides])
 
 
 def _rel_error(predicted: float, measured: float) -> float:

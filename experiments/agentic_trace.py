@@ -14,18 +14,12 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, cast
 
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
-
-from model import validate_config
-from model.config.schema import AgenticSyntheticWorkload
-from model.sim import random_streams
-from model.workload.agentic import write_agentic_v2
-from model.workload.agentic_synthetic import generate_agentic
-
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+from servesim import compose
+from servesim.config.schema import AgenticSyntheticWorkload
+from servesim.sim import random_streams
+from servesim.workload.agentic import write_agentic_v2
+from servesim.workload.agentic_synthetic import generate_agentic
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -33,10 +27,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="the v2 file to write")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. workload.num_plays=200")
     args = ap.parse_args(argv)
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        composed = compose("config", overrides=["workload=agentic_synthetic", *args.overrides])
-    data = OmegaConf.to_container(composed, resolve=True)
-    cfg = validate_config(cast(dict[str, Any], data))
+    cfg = compose(["workload=agentic_synthetic", *args.overrides])
     workload = cfg.workload
     assert isinstance(workload, AgenticSyntheticWorkload)
     # the same generator stream simulate() hands the generator

@@ -34,7 +34,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from model import rundir
+from servesim import rundir
 
 DEFAULT_METRICS = (
     "completed_requests",
@@ -51,12 +51,12 @@ DEFAULT_METRICS = (
 
 
 def servesim_command() -> list[str]:
-    """The servesim console script next to this interpreter, else `python -m model.cli`."""
+    """The servesim console script next to this interpreter, else `python -m servesim.cli`."""
     script = Path(sys.executable).parent / "servesim"
     if script.exists():
         return [str(script)]
     found = shutil.which("servesim")
-    return [found] if found else [sys.executable, "-m", "model.cli"]
+    return [found] if found else [sys.executable, "-m", "servesim.cli"]
 
 
 def joblib_available() -> bool:

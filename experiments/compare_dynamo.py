@@ -17,7 +17,7 @@ For every trace x cluster shape this runs
   - Prefill/decode disaggregation (`--pd PxD`, or `--override topology=disagg ...`):
     `num_prefill_workers`, `num_decode_workers`, and `prefill_engine_args` /
     `decode_engine_args` built from servesim's per-role engines
-    (`model.config.derived.role_engines`: `engine` with `topology.prefill.*` /
+    (`servesim.config.derived.role_engines`: `engine` with `topology.prefill.*` /
     `topology.decode.*`), each `{"engine": {..., "worker_type": ROLE}, "dp_size": dp,
     "tensor_parallel_size": tp}`. The link goes on the prefill args, the only ones the mocker
     reads it from: `kv_transfer_bandwidth` (link.bandwidth_gbps, decimal GB/s; null = instant),
@@ -90,20 +90,18 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal, cast
 
-from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
-from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from model import Result, RunConfig, simulate, validate_config
-from model.config import num_gpu_blocks
-from model.config.derived import (
+from servesim import Result, RunConfig, compose, simulate
+from servesim.config import num_gpu_blocks
+from servesim.config.derived import (
     cache_layout,
     kv_bytes_per_token,
     role_engines,
     transfer_bytes_per_token,
 )
-from model.config.schema import (
+from servesim.config.schema import (
     AgenticMooncakeWorkload,
     ConcurrencyLoad,
     DisaggTopology,
@@ -115,10 +113,9 @@ from model.config.schema import (
     TraceLoad,
     VllmEngineConfig,
 )
-from model.rundir import write_requests_jsonl
+from servesim.rundir import write_requests_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
-CONF_DIR = REPO / "conf"
 RUNNER = Path(__file__).resolve().with_name("_mocker_runner.py")
 BASE_OVERRIDES = ("experiment=dynamo_compat", "workload=mooncake", "output.progress=off")
 
@@ -208,19 +205,7 @@ def compose_run_config(trace: Path, shape: Shape | int, overrides: Sequence[str]
     base = list(BASE_OVERRIDES)
     if any(o.startswith("workload=") for o in overrides):  # e.g. workload=agentic_mooncake
         base.remove("workload=mooncake")
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(
-            "config",
-            overrides=[
-                *base,
-                f"workload.path={trace}",
-                *shape.overrides(overrides),
-                *overrides,
-            ],
-        )
-    data = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(data, dict)
-    return validate_config(cast(dict[str, Any], data))
+    return compose([*base, f"workload.path={trace}", *shape.overrides(overrides), *overrides])
 
 
 def run_servesim(cfg: RunConfig) -> tuple[Result, float]:

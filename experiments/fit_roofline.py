@@ -5,7 +5,7 @@
 
 For every (GPU family, weight dtype) group of the rows servesim can describe (the same model,
 system and precision maps as experiments/accuracy.py), it chooses the nine factors of
-`model.timing.calibrated` (e_c, e_m, e_a, e_ar, o_p, o_d, o_seq, a_ar, o_req) that minimise the mean
+`servesim.timing.calibrated` (e_c, e_m, e_a, e_ar, o_p, o_d, o_seq, a_ar, o_req) that minimise the mean
 absolute log error of TTFT plus that of TPOT, by coordinate descent over bounded log grids.
 Running the full simulator inside the search would take hours, so it scores each row with a
 closed-loop
@@ -59,9 +59,9 @@ from accuracy import (  # noqa: E402  (one set of maps and one way to run a poin
     run_points,
 )
 
-from model.config.derived import kv_bytes_per_token, weight_bytes
-from model.config.schema import HardwareConfig, LlmConfig
-from model.timing.calibrated import FACTOR_KEYS, FACTORS_PATH, CalibratedRoofline, family_of
+from servesim.config.derived import kv_bytes_per_token, weight_bytes
+from servesim.config.schema import HardwareConfig, LlmConfig
+from servesim.timing.calibrated import FACTOR_KEYS, FACTORS_PATH, CalibratedRoofline, family_of
 
 REPO = Path(__file__).resolve().parents[1]
 BUDGET = 8192  # max_num_batched_tokens of the measured runs

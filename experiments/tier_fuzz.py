@@ -38,7 +38,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import compare_dynamo as cd  # noqa: E402
 
-from model import simulate  # noqa: E402
+from servesim import simulate  # noqa: E402
 
 FIELDS = (
     "arrival_time_ms",

@@ -24,14 +24,12 @@ its first failed job.
 from __future__ import annotations
 
 import contextlib
-import difflib
 import os
-import re
 import signal
 import sys
 import time
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -40,19 +38,18 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import (
     ConfigCompositionException,
-    HydraException,
     MissingConfigException,
     OverrideParseException,
 )
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf import DictConfig
 
-from model import native, rundir
-from model.config.load import ConfigError, schema_knows, validate_config
-from model.sim import Result, simulate
-from model.workload.errors import TraceError
+from servesim import native, rundir
+from servesim.config.compose import composition_message, to_data
+from servesim.config.load import ConfigError, validate_config
+from servesim.sim import Result, simulate
+from servesim.workload.errors import TraceError
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -112,13 +109,7 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 def simulate_and_write(cfg: DictConfig, out_dir: str | Path) -> Result:
     """Validate a composed config, simulate it, write the run directory."""
-    try:
-        data = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
-    except OmegaConfBaseException as e:
-        raise ConfigError(f"invalid config: {e}") from None
-    assert isinstance(data, dict)
-    data.pop("hydra", None)
-    result = simulate(validate_config({str(k): v for k, v in data.items()}))
+    result = simulate(validate_config(to_data(cfg)))
     result.write(out_dir)
     return result
 
@@ -225,7 +216,7 @@ def _failed(out_dir: Path, status: int, message: str) -> int:
     return status
 
 
-@hydra.main(version_base="1.3", config_path="pkg://conf", config_name="config")
+@hydra.main(version_base="1.3", config_path="pkg://servesim.conf", config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
@@ -274,58 +265,6 @@ def sweep_jobs(sweep_dir: Path, since: float) -> list[Path]:
 
 def _job_order(job: Path) -> tuple[int, str]:
     return (int(job.name), "") if job.name.isdigit() else (sys.maxsize, str(job))
-
-
-def _schema_knows(node: Any, full_key: str) -> bool:
-    """Whether the schema has `full_key`, given the composed config that `node` is part of."""
-    root = node
-    while getattr(root, "_get_parent", None) is not None and root._get_parent() is not None:
-        root = root._get_parent()
-    try:
-        data = OmegaConf.to_container(root, resolve=False)
-    except OmegaConfBaseException:
-        return False
-    if not isinstance(data, dict):
-        return False
-    data.pop("hydra", None)
-    return schema_knows({str(k): v for k, v in data.items()}, full_key)
-
-
-def _suggest(word: str, options: Sequence[str], prefix: str = "") -> str:
-    close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
-    return f" (did you mean {prefix}{close[0]}?)" if close else ""
-
-
-def composition_message(e: HydraException) -> str:
-    """One clear line for an override Hydra could not apply: an unknown key or option, with
-    the closest known one."""
-    if isinstance(e, MissingConfigException) and e.missing_cfg_file:
-        group, _, option = e.missing_cfg_file.rpartition("/")
-        options = list(e.options or [])
-        if group and options:
-            return (
-                f"unknown option {group}={option}"
-                + _suggest(option, options, f"{group}=")
-                + f"; the options of {group}: {', '.join(options)}"
-            )
-        return f"no config {e.missing_cfg_file} in conf/ (not a config group option)"
-    cause = e.__cause__
-    if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
-        full_key = str(getattr(cause, "full_key", ""))
-        parent = getattr(cause, "parent_node", None)
-        siblings = [str(k) for k in parent if k != "hydra"] if parent is not None else []
-        key = str(getattr(cause, "key", full_key.rpartition(".")[2]))
-        stem = full_key[: len(full_key) - len(key)]
-        if _schema_knows(parent, full_key):  # a key the chosen option files leave out
-            plus = re.search(r"use (\+\S+)", str(e))
-            return (
-                f"{full_key} is a config key the chosen option files do not set: add it "
-                f"with {plus.group(1) if plus else '+' + full_key + '=VALUE'}"
-            )
-        return f"unknown key {full_key}" + _suggest(key, siblings, stem)
-    if isinstance(e, OverrideParseException):
-        return f"cannot parse the override {e.override}: {e.message}"
-    return str(e).split("\nConfig search path:")[0].strip()
 
 
 @contextlib.contextmanager

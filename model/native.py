@@ -5,13 +5,13 @@ spends its time in (`MODULES`: the engine, the KV pools, hashing, the trace read
 the routers, links and the cluster)
 with mypyc, the compiler that ships with mypy, from the very same source files, into a cache
 directory named by a digest of every source file of the package and of the interpreter's ABI.
-At `import model`, `activate()` looks for the build of the current sources and, when there is
+At `import servesim`, `activate()` looks for the build of the current sources and, when there is
 one, has those modules imported from it. Editing any source file changes the digest: the
 edited source then runs as Python until the next build, never a stale build. The answers are
 the same either way (tests/property/test_native_equivalence.py compares every table of both);
 only the speed differs (docs/performance.md).
 
-Environment: `SERVESIM_NATIVE=0` runs the source even when a build exists; `SERVESIM_NATIVE_DIR`
+Environment: `SERVESIM_NATIVE=1` uses the build (unset or `0`: the source); `SERVESIM_NATIVE_DIR`
 moves the cache (default `$XDG_CACHE_HOME/servesim/native`, else `~/.cache/servesim/native`),
 which keeps the `KEEP` newest builds (a few MB each).
 """
@@ -29,34 +29,34 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
-# (what only `build` and the command use is imported there: `import model` runs this module)
+# (what only `build` and the command use is imported there: `import servesim` runs this module)
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 
 # what a replay spends its time in (docs/performance.md); a class compiled here can only be
 # subclassed by another compiled class, so ClusterBase's subclasses come with it
 MODULES = (
-    "model.engine.vllm",
-    "model.engine.worker",
-    "model.kv.block_pool",
-    "model.kv.group_pool",
-    "model.workload.hashing",
-    "model.workload.build",
-    "model.workload.mooncake",
-    "model.metrics.gaps",
-    "model.cluster.base",
-    "model.cluster.aggregated",
-    "model.cluster.disagg",
-    "model.cluster.handoff",
-    "model.kv.link",
-    "model.router.base",
-    "model.router.round_robin",
-    "model.router.random",
-    "model.router.kv",
-    "model.router.prefix_index",
-    "model.timing.base",
-    "model.timing.polynomial",
-    "model.workload.drivers",
+    "servesim.engine.vllm",
+    "servesim.engine.worker",
+    "servesim.kv.block_pool",
+    "servesim.kv.group_pool",
+    "servesim.workload.hashing",
+    "servesim.workload.build",
+    "servesim.workload.mooncake",
+    "servesim.metrics.gaps",
+    "servesim.cluster.base",
+    "servesim.cluster.aggregated",
+    "servesim.cluster.disagg",
+    "servesim.cluster.handoff",
+    "servesim.kv.link",
+    "servesim.router.base",
+    "servesim.router.round_robin",
+    "servesim.router.random",
+    "servesim.router.kv",
+    "servesim.router.prefix_index",
+    "servesim.timing.base",
+    "servesim.timing.polynomial",
+    "servesim.workload.drivers",
 )
 
 MANIFEST = "manifest.json"
@@ -96,9 +96,9 @@ def digest() -> str:
     return h.hexdigest()[:20]
 
 
-def disabled() -> bool:
-    """Whether SERVESIM_NATIVE=0 asks for the source even where a build exists."""
-    return os.environ.get("SERVESIM_NATIVE", "1") == "0"
+def asked() -> bool:
+    """Whether SERVESIM_NATIVE=1 asks for the native build."""
+    return os.environ.get("SERVESIM_NATIVE", "0") == "1"
 
 
 def missing_compiler() -> str | None:
@@ -135,25 +135,38 @@ class _BuildFinder:
         return importlib.util.spec_from_file_location(fullname, file, loader=loader)
 
 
-def activate() -> str | None:
-    """Use the build of the current sources, if there is one (and SERVESIM_NATIVE is not 0),
-    for the modules not imported yet; returns its digest, or None (the source runs)."""
+def activate() -> str:
+    """Import `MODULES` from the build of the current sources from now on; returns the build's
+    digest. Raises NativeBuildError if there is no such build, or if a compiled module was
+    imported from source already (the two would be mixed)."""
     global ACTIVE
     if ACTIVE is not None:
         return ACTIVE
-    if disabled() or any(m in sys.modules for m in MODULES):
-        return None
+    loaded = [m for m in MODULES if m in sys.modules]
+    if loaded:
+        raise NativeBuildError(
+            f"activate the native build before importing the model: {loaded[0]} is imported "
+            "from source already (set SERVESIM_NATIVE=1 before starting Python)"
+        )
     where = built()
     if where is None:
-        return None
+        raise NativeBuildError(
+            f"the native build was asked for, but there is no build of the current sources in "
+            f"{cache_root()}: run `servesim-native build` (or unset SERVESIM_NATIVE)"
+        )
     try:
         manifest = json.loads((where / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return None
+    except (OSError, ValueError) as exc:
+        raise NativeBuildError(f"unreadable native build {where}: {exc}") from None
     finder = _BuildFinder({m: where / f for m, f in manifest["files"].items()})
     sys.meta_path.insert(0, finder)
     ACTIVE = where.name
     return ACTIVE
+
+
+def activate_if_asked() -> str | None:
+    """`activate()` if SERVESIM_NATIVE=1 asks for it (run at `import servesim`); else None."""
+    return activate() if asked() else None
 
 
 def build(force: bool = False) -> Path:
@@ -183,7 +196,7 @@ def build(force: bool = False) -> Path:
         src = Path(tmp)
         shutil.copytree(
             PACKAGE_DIR,
-            src / "model",
+            src / "servesim",
             ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.pyd"),
         )
         (src / "mypy.ini").write_text(MYPY_INI)
@@ -286,7 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"servesim-native: no build of the current sources in {cache_root()} (the source runs)"
         )
     else:
-        state = "not used: SERVESIM_NATIVE=0" if disabled() else "used"
+        state = "in use" if ACTIVE else "not in use: SERVESIM_NATIVE=1 uses it"
         print(f"servesim-native: build {current.name} in {current.parent} ({state})")
     return 0
 

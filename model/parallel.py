@@ -29,15 +29,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from model.config.schema import AggregatedTopology, RoundRobinRouter, RunConfig
-from model.metrics.recorder import Recorder
-from model.timing import frontend_latency_ms
-from model.workload.build import streams_rows
-from model.workload.mooncake import SkipCounter
-from model.workload.request import Request
+from servesim.config.schema import AggregatedTopology, RoundRobinRouter, RunConfig
+from servesim.metrics.recorder import Recorder
+from servesim.timing import frontend_latency_ms
+from servesim.workload.build import streams_rows
+from servesim.workload.mooncake import SkipCounter
+from servesim.workload.request import Request
 
 if TYPE_CHECKING:
-    from model.cluster.base import ClusterBase
+    from servesim.cluster.base import ClusterBase
 
 
 @dataclass

@@ -20,9 +20,9 @@ from typing import Any
 
 import simpy
 
-from model.config.schema import AzureWorkload, MooncakeWorkload, RunConfig, TraceLoad
-from model.workload.azure import TICKS_PER_S, parse_timestamp_ticks
-from model.workload.mooncake import parse_row
+from servesim.config.schema import AzureWorkload, MooncakeWorkload, RunConfig, TraceLoad
+from servesim.workload.azure import TICKS_PER_S, parse_timestamp_ticks
+from servesim.workload.mooncake import parse_row
 
 STEP_MS = 1000.0  # simulated time between two updates of the bar
 TAIL_BYTES = 1 << 16  # the last row is looked for in the file's last bytes, doubling to

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from model.metrics.recorder import INCOMPLETE
+from servesim.metrics.recorder import INCOMPLETE
 
 SUMMARY = "summary.json"
 ERROR = "error.json"

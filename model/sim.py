@@ -21,26 +21,26 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from model import progress, rundir
-from model.agentic import report as agentic_report
-from model.agentic.lanes import AgenticReplay
-from model.agentic.qualification import agentic_violation
-from model.clock import Environment
-from model.cluster.aggregated import AggregatedCluster
-from model.cluster.base import ClusterBase, total_workers
-from model.cluster.disagg import DisaggCluster
-from model.config.derived import num_gpu_blocks, role_engines, transfer_bytes_per_token
-from model.config.errors import ConfigError
-from model.config.schema import (
+from servesim import progress, rundir
+from servesim.agentic import report as agentic_report
+from servesim.agentic.lanes import AgenticReplay
+from servesim.agentic.qualification import agentic_violation
+from servesim.clock import Environment
+from servesim.cluster.aggregated import AggregatedCluster
+from servesim.cluster.base import ClusterBase, total_workers
+from servesim.cluster.disagg import DisaggCluster
+from servesim.config.derived import num_gpu_blocks, role_engines, transfer_bytes_per_token
+from servesim.config.errors import ConfigError
+from servesim.config.schema import (
     AgenticOptions,
     ConcurrencyLoad,
     DisaggTopology,
     RunConfig,
     TraceLoad,
 )
-from model.metrics.recorder import INCOMPLETE, Recorder
-from model.metrics.summary import routing_summary, summarize, tier_summary, wall_summary
-from model.metrics.tables import (
+from servesim.metrics.recorder import INCOMPLETE, Recorder
+from servesim.metrics.summary import routing_summary, summarize, tier_summary, wall_summary
+from servesim.metrics.tables import (
     kv_events_table,
     kv_table,
     passes_table,
@@ -49,19 +49,19 @@ from model.metrics.tables import (
     time_weighted_mean,
     transfers_table,
 )
-from model.parallel import Part, part_of, plan_processes, rank_stats, rows_of, run_parts
-from model.rundir import write_requests_jsonl
-from model.workload.agentic import AgenticGraph
-from model.workload.build import (
+from servesim.parallel import Part, part_of, plan_processes, rank_stats, rows_of, run_parts
+from servesim.rundir import write_requests_jsonl
+from servesim.workload.agentic import AgenticGraph
+from servesim.workload.build import (
     StreamedWorkload,
     Workload,
     build_workload,
     read_source,
     stream_workload,
 )
-from model.workload.drivers import closed_loop, open_loop
-from model.workload.hashing import BlockHasher
-from model.workload.request import Request
+from servesim.workload.drivers import closed_loop, open_loop
+from servesim.workload.hashing import BlockHasher
+from servesim.workload.request import Request
 
 STREAMS = ("arrivals", "lengths", "prefix_groups", "router")
 

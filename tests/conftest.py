@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from model.config import RunConfig, validate_config
+from servesim.config import RunConfig, validate_config
 
 REPO = Path(__file__).resolve().parents[1]
 # the public traces (not in the repo): ../shared/traces beside the checkout, or where

@@ -9,7 +9,7 @@ one play at a time; warmup and the continuous profile are phases around them (re
   play order (what Dynamo 1.6.1's mocker does, observed); `stride` gives lane l the plays l,
   l + L, l + 2L, ... (no stealing). A snapshot fixes the slots in advance (lane l's k-th play
   is play k L + l, cut at its own (l, k)), whichever rule is set.
-* **Snapshot**: every play instance is cut at its seeded t* (`model.agentic.snapshot`); play
+* **Snapshot**: every play instance is cut at its seeded t* (`servesim.agentic.snapshot`); play
   instances get fresh ids and their own hash-id space (lanes never share cache by accident).
 * **Warmup**: per lane, one after the other with no idle time, each primer (the full input of a
   live conversation's last historical request, 1 output token), then 10 one-token requests
@@ -34,8 +34,8 @@ from typing import Any
 
 import simpy
 
-from model.agentic.play import PlayRun
-from model.agentic.snapshot import (
+from servesim.agentic.play import PlayRun
+from servesim.agentic.snapshot import (
     PlayPlan,
     full_plan,
     graph_digest,
@@ -43,13 +43,13 @@ from model.agentic.snapshot import (
     snapshot_plan,
     snapshot_record,
 )
-from model.clock import AGENTIC_RELEASE, at_time
-from model.cluster.base import ClusterBase
-from model.config.schema import AgenticOptions
-from model.metrics.recorder import COMPLETED, INCOMPLETE, Recorder
-from model.workload.agentic import AgenticGraph, Node
-from model.workload.hashing import BlockHasher
-from model.workload.request import Request
+from servesim.clock import AGENTIC_RELEASE, at_time
+from servesim.cluster.base import ClusterBase
+from servesim.config.schema import AgenticOptions
+from servesim.metrics.recorder import COMPLETED, INCOMPLETE, Recorder
+from servesim.workload.agentic import AgenticGraph, Node
+from servesim.workload.hashing import BlockHasher
+from servesim.workload.request import Request
 
 WARMUP_REQUESTS_PER_LANE = 10
 PHASES_SCHEMA = "servesim.agentic.phases.v1"

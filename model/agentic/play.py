@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 import simpy
 
-from model.agentic.snapshot import LiveNode, PlayPlan
-from model.clock import ARRIVAL, at_time
-from model.metrics.recorder import COMPLETED
-from model.workload.request import Request
+from servesim.agentic.snapshot import LiveNode, PlayPlan
+from servesim.clock import ARRIVAL, at_time
+from servesim.metrics.recorder import COMPLETED
+from servesim.workload.request import Request
 
 if TYPE_CHECKING:
-    from model.agentic.lanes import AgenticReplay
+    from servesim.agentic.lanes import AgenticReplay
 
 RUNNING, COMPLETED_PLAY, FAILED, INCOMPLETE_PLAY = "running", "completed", "failed", "incomplete"
 

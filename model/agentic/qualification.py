@@ -17,15 +17,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from model.config.schema import RunConfig
+    from servesim.config.schema import RunConfig
 
 QUALIFICATION = "functional_only"
 
 
 def agentic_violation(cfg: RunConfig, what: str) -> str | None:
     """Why `cfg` cannot replay the agentic input `what` (None: it can)."""
-    from model.config.derived import role_engines
-    from model.config.schema import AggregatedTopology, DisaggTopology
+    from servesim.config.derived import role_engines
+    from servesim.config.schema import AggregatedTopology, DisaggTopology
 
     if cfg.load.kind != "trace":
         return (

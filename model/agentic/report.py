@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from model.agentic.lanes import BARRIER, PHASES_SCHEMA, PRIMER, WARMUP, AgenticReplay
-from model.agentic.qualification import QUALIFICATION
-from model.metrics.recorder import COMPLETED
-from model.metrics.summary import distribution
+from servesim.agentic.lanes import BARRIER, PHASES_SCHEMA, PRIMER, WARMUP, AgenticReplay
+from servesim.agentic.qualification import QUALIFICATION
+from servesim.metrics.recorder import COMPLETED
+from servesim.metrics.summary import distribution
 
 PREPARATION = (PRIMER, WARMUP)
 REQUEST_AGENTIC_COLUMNS = ["request_id", "play_id", "source_request_id", "lane", "phase"]

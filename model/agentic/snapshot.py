@@ -20,8 +20,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from model.workload.agentic import AgenticGraph, Dependency, Node, Play
-from model.workload.errors import TraceError
+from servesim.workload.agentic import AgenticGraph, Dependency, Node, Play
+from servesim.workload.errors import TraceError
 
 SNAPSHOT_SCHEMA = "servesim.agentic.snapshot.v1"
 CUT_LOW, CUT_SPAN = 0.25, 0.5

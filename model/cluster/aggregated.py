@@ -7,15 +7,15 @@ from __future__ import annotations
 import numpy as np
 import simpy
 
-from model.cluster.base import ClusterBase
-from model.config.derived import num_gpu_blocks
-from model.config.schema import AggregatedTopology, RunConfig
-from model.metrics.recorder import Recorder
-from model.router import KvRouter, build_router
-from model.router.round_robin import RoundRobin
-from model.timing import build_step_time
-from model.workload.hashing import BlockHasher
-from model.workload.request import Request
+from servesim.cluster.base import ClusterBase
+from servesim.config.derived import num_gpu_blocks
+from servesim.config.schema import AggregatedTopology, RunConfig
+from servesim.metrics.recorder import Recorder
+from servesim.router import KvRouter, build_router
+from servesim.router.round_robin import RoundRobin
+from servesim.timing import build_step_time
+from servesim.workload.hashing import BlockHasher
+from servesim.workload.request import Request
 
 
 class AggregatedCluster(ClusterBase):

@@ -10,18 +10,18 @@ from collections.abc import Callable
 
 import simpy
 
-from model.config.derived import kv_events_on
-from model.config.schema import RunConfig, VllmEngineConfig
-from model.engine.vllm import VllmScheduler
-from model.engine.worker import Worker
-from model.kv.group_pool import choose_pool
-from model.kv.tier_builder import TierBuilder
-from model.metrics.recorder import COMPLETED, REJECTED, Recorder
-from model.router import KvRouter, Router
-from model.timing import frontend_latency_ms
-from model.timing.base import StepTime
-from model.workload.hashing import BlockHasher
-from model.workload.request import Request, Status
+from servesim.config.derived import kv_events_on
+from servesim.config.schema import RunConfig, VllmEngineConfig
+from servesim.engine.vllm import VllmScheduler
+from servesim.engine.worker import Worker
+from servesim.kv.group_pool import choose_pool
+from servesim.kv.tier_builder import TierBuilder
+from servesim.metrics.recorder import COMPLETED, REJECTED, Recorder
+from servesim.router import KvRouter, Router
+from servesim.timing import frontend_latency_ms
+from servesim.timing.base import StepTime
+from servesim.workload.hashing import BlockHasher
+from servesim.workload.request import Request, Status
 
 
 def total_workers(cfg: RunConfig) -> int:

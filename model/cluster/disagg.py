@@ -24,18 +24,18 @@ from collections import deque
 import numpy as np
 import simpy
 
-from model.clock import SETTLE_DELIVERED, TRANSFER_END, at_time, fire
-from model.cluster.base import ClusterBase
-from model.cluster.handoff import handoff
-from model.config.derived import num_gpu_blocks, role_engines, transfer_bytes_per_token
-from model.config.schema import DisaggTopology, RunConfig
-from model.engine.worker import Rank, Worker
-from model.kv.link import Link
-from model.metrics.recorder import COMPLETED, REJECTED, Recorder
-from model.router import build_router
-from model.timing import build_step_time
-from model.workload.hashing import BlockHasher
-from model.workload.request import Request
+from servesim.clock import SETTLE_DELIVERED, TRANSFER_END, at_time, fire
+from servesim.cluster.base import ClusterBase
+from servesim.cluster.handoff import handoff
+from servesim.config.derived import num_gpu_blocks, role_engines, transfer_bytes_per_token
+from servesim.config.schema import DisaggTopology, RunConfig
+from servesim.engine.worker import Rank, Worker
+from servesim.kv.link import Link
+from servesim.metrics.recorder import COMPLETED, REJECTED, Recorder
+from servesim.router import build_router
+from servesim.timing import build_step_time
+from servesim.workload.hashing import BlockHasher
+from servesim.workload.request import Request
 
 
 class Destination:

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING
 
 import simpy
 
-from model.clock import TRANSFER_END, fire
-from model.workload.request import Request
+from servesim.clock import TRANSFER_END, fire
+from servesim.workload.request import Request
 
 if TYPE_CHECKING:
-    from model.cluster.disagg import Destination, DisaggCluster
+    from servesim.cluster.disagg import Destination, DisaggCluster
 
 
 def handoff(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from model.config.errors import ConfigError
-from model.config.schema import DisaggTopology, LlmConfig, RunConfig, VllmEngineConfig
+from servesim.config.errors import ConfigError
+from servesim.config.schema import DisaggTopology, LlmConfig, RunConfig, VllmEngineConfig
 
 # NVFP4: 4-bit values plus one FP8 scale per 16 (4.5 bits)
 DTYPE_BYTES: dict[str, float] = {

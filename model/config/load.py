@@ -8,8 +8,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from model.config.errors import ConfigError
-from model.config.schema import RunConfig
+from servesim.config.errors import ConfigError
+from servesim.config.schema import RunConfig
 
 __all__ = ["ConfigError", "schema_knows", "validate_config"]
 

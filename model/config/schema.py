@@ -2,7 +2,7 @@
 
 Hydra composes YAML; `RunConfig.model_validate(...)` validates it once. Every model is frozen
 and rejects unknown keys, so a typo in an override fails with the config path that holds it.
-Derived sizes (KV bytes per token, GPU blocks from HBM) live in `model.config.derived` and are
+Derived sizes (KV bytes per token, GPU blocks from HBM) live in `servesim.config.derived` and are
 never written back here.
 """
 
@@ -704,21 +704,21 @@ class RunConfig(Schema):
 
     @model_validator(mode="after")
     def _roles_agree(self) -> RunConfig:
-        from model.config.derived import role_engines  # derived sizes live there
+        from servesim.config.derived import role_engines  # derived sizes live there
 
         role_engines(self)  # raises on a combination the roles cannot share
         return self
 
     @model_validator(mode="after")
     def _cluster_size_bounded(self) -> RunConfig:
-        from model.config.derived import check_cluster_size
+        from servesim.config.derived import check_cluster_size
 
         check_cluster_size(self)
         return self
 
     @model_validator(mode="after")
     def _tiers_supported(self) -> RunConfig:
-        from model.config.derived import check_kv_tiers  # the rules live with the geometry
+        from servesim.config.derived import check_kv_tiers  # the rules live with the geometry
 
         check_kv_tiers(self)
         return self
@@ -749,7 +749,7 @@ class RunConfig(Schema):
 
     @model_validator(mode="after")
     def _agentic_qualified(self) -> RunConfig:
-        from model.agentic.qualification import agentic_violation
+        from servesim.agentic.qualification import agentic_violation
 
         w = self.workload
         if not isinstance(w, AgenticOptions):

@@ -16,7 +16,7 @@ Per pass, with a budget of `max_num_batched_tokens`:
 4. At pass end every request that caught up emits one token (all stamped at the pass end);
    a request with its last token (or with zero output) completes and releases its blocks.
 
-With KV tiers (`model.kv.tiers`), an admission whose prefix continues in G2 (or G3) leaves the
+With KV tiers (`servesim.kv.tiers`), an admission whose prefix continues in G2 (or G3) leaves the
 queue while those blocks are copied to G1 (taking G1 blocks for them), and once they land it is
 admitted before anything in `waiting` when the rest of its blocks fit, with what G1 and the copy
 hold as its cached prefix. A request whose blocks below G1 are still on their way (another's
@@ -38,14 +38,14 @@ from heapq import merge
 from itertools import islice, repeat
 from typing import TYPE_CHECKING, Any
 
-from model.config.schema import VllmEngineConfig
-from model.kv.block_pool import count_in, count_out
-from model.kv.group_pool import Pool
-from model.workload.hashing import BlockHasher
-from model.workload.request import Request, Status
+from servesim.config.schema import VllmEngineConfig
+from servesim.kv.block_pool import count_in, count_out
+from servesim.kv.group_pool import Pool
+from servesim.workload.hashing import BlockHasher
+from servesim.workload.request import Request, Status
 
 if TYPE_CHECKING:
-    from model.kv.tiers import RankTiers
+    from servesim.kv.tiers import RankTiers
 
 OK = 0
 BLOCKED = -1

@@ -33,12 +33,12 @@ from typing import Any, Final
 import numpy as np
 import simpy
 
-from model.clock import PASS_END, PASS_START, PREFILL_NEXT_PASS, at_time
-from model.engine.vllm import Batch, Stretch, VllmScheduler
-from model.kv.group_pool import Pool
-from model.metrics.recorder import Recorder
-from model.timing.base import StepTime, whole_ns, whole_ns_array
-from model.workload.request import Request
+from servesim.clock import PASS_END, PASS_START, PREFILL_NEXT_PASS, at_time
+from servesim.engine.vllm import Batch, Stretch, VllmScheduler
+from servesim.kv.group_pool import Pool
+from servesim.metrics.recorder import Recorder
+from servesim.timing.base import StepTime, whole_ns, whole_ns_array
+from servesim.workload.request import Request
 
 # fast-forward prices stretches expected to run at least this many passes in bulk (numpy),
 # in chunks of at least this size; shorter ones pass by pass

@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from model.workload.request import Request
+from servesim.workload.request import Request
 
 STORED = "stored"
 REMOVED = "removed"

@@ -2,7 +2,7 @@
 
 When engine blocks tile trace blocks (Mooncake replays: 8 blocks of 64 tokens per 512-token
 trace block), a prompt's engine-block ids are packed: block r of trace block k is the chain id
-of k with r in the low bits (`model.workload.hashing`). The blocks of one trace block (a
+of k with r in the low bits (`servesim.workload.hashing`). The blocks of one trace block (a
 *group*) are nearly always registered, shared, released and evicted together, so this pool
 keeps one dict entry per group instead of one per block: an int state while every block of the
 group is resident and in the same state (holders >= 1, or the negated id of the release that
@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from model.kv import block_pool
-from model.kv.block_pool import REMOVED, STORED, BlockPool, Key, PoolBase
-from model.workload.request import Request
+from servesim.kv import block_pool
+from servesim.kv.block_pool import REMOVED, STORED, BlockPool, Key, PoolBase
+from servesim.workload.request import Request
 
 Span = tuple[Any, int, int]  # (group id, low rank, high rank) or (single key, -1, 0)
 

@@ -26,8 +26,8 @@ from heapq import heappop, heappush
 
 import simpy
 
-from model.clock import TRANSFER_END, at_time, fire
-from model.metrics.recorder import Recorder
+from servesim.clock import TRANSFER_END, at_time, fire
+from servesim.metrics.recorder import Recorder
 
 
 @dataclass(slots=True)

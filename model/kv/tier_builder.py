@@ -9,15 +9,15 @@ from typing import TYPE_CHECKING
 
 import simpy
 
-from model.config.derived import kv_block_bytes, kv_events_on
-from model.config.schema import RunConfig, VllmEngineConfig
-from model.kv.link import Link
-from model.kv.tier_pool import TierPool
-from model.kv.tiers import DISK, HOST, RankTiers
-from model.metrics.recorder import Recorder
+from servesim.config.derived import kv_block_bytes, kv_events_on
+from servesim.config.schema import RunConfig, VllmEngineConfig
+from servesim.kv.link import Link
+from servesim.kv.tier_pool import TierPool
+from servesim.kv.tiers import DISK, HOST, RankTiers
+from servesim.metrics.recorder import Recorder
 
 if TYPE_CHECKING:
-    from model.engine.worker import Rank, Worker
+    from servesim.engine.worker import Rank, Worker
 
 
 def _link(

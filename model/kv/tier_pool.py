@@ -2,7 +2,7 @@
 
 Resident blocks are kept in LRU order (oldest first), incoming ones (a copy into the tier in
 flight) hold their room until they land, and pinned ones (read by a copy out of the tier) are
-never evicted. The copies themselves, and the rules of when they happen, are `model.kv.tiers`'.
+never evicted. The copies themselves, and the rules of when they happen, are `servesim.kv.tiers`'.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Protocol
 
 import simpy
 
-from model.kv.block_pool import REMOVED, STORED, count_in, count_out, evict_oldest
-from model.metrics.recorder import Recorder
+from servesim.kv.block_pool import REMOVED, STORED, count_in, count_out, evict_oldest
+from servesim.metrics.recorder import Recorder
 
 
 class Reader(Protocol):

@@ -27,7 +27,7 @@ it):
   Looking a request up refreshes its prompt's G2 blocks. A request that needs blocks still
   being loaded for another (or whose own store is in flight) is set aside the same way, fit or
   not, without holding up the queue behind it.
-* **Timing.** Copies use `model.kv.link.Link`: a private G2 has one FIFO lane per direction
+* **Timing.** Copies use `servesim.kv.link.Link`: a private G2 has one FIFO lane per direction
   (a copy starts when the one before it ends); a cluster-shared G2, and every G3, share bandwidth
   by processor sharing, a copy's rate being min(pool bandwidth / copies in flight, worker
   bandwidth / that worker's copies in flight). Reads and writes use separate links.
@@ -44,14 +44,14 @@ from typing import TYPE_CHECKING, Any
 
 import simpy
 
-from model.kv.link import Link
-from model.kv.tier_pool import TierPool
-from model.workload.dynamo_ids import dynamo_sequence_hashes
-from model.workload.request import Request
+from servesim.kv.link import Link
+from servesim.kv.tier_pool import TierPool
+from servesim.workload.dynamo_ids import dynamo_sequence_hashes
+from servesim.workload.request import Request
 
 if TYPE_CHECKING:
-    from model.engine.vllm import Batch
-    from model.engine.worker import Rank, Worker
+    from servesim.engine.vllm import Batch
+    from servesim.engine.worker import Rank, Worker
 
 HOST = "host"
 DISK = "disk"

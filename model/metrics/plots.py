@@ -32,7 +32,7 @@ and a `plays` table (any other run raises ValueError):
 Every function takes a `Result` (or the one table it reads), draws on the given Axes or on a new
 figure, and returns the Axes (`latency_comparison`, which draws several, returns the Figure).
 Times on the x axis are seconds for whole-run plots and milliseconds for the pass window and the
-swimlanes. matplotlib is imported inside the functions, so `import model` stays light; the model
+swimlanes. matplotlib is imported inside the functions, so `import servesim` stays light; the model
 itself never plots.
 """
 
@@ -43,14 +43,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from model.metrics.recorder import COMPLETED
-from model.metrics.summary import nearest_rank
+from servesim.metrics.recorder import COMPLETED
+from servesim.metrics.summary import nearest_rank
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from model.sim import Result
+    from servesim.sim import Result
 
 # pass kinds of `pass_timeline` on aggregated workers, in legend order, with their colours
 PASS_KINDS = {"prefill-only": "tab:orange", "decode-only": "tab:blue", "mixed": "tab:green"}
@@ -166,7 +166,7 @@ def _lanes(source: Result | pd.DataFrame, passes: pd.DataFrame) -> list[tuple[st
         )
     )
     if not isinstance(source, pd.DataFrame):
-        from model.config.derived import role_engines
+        from servesim.config.derived import role_engines
 
         cfg = source.config
         topo = cfg.topology
@@ -733,7 +733,7 @@ def is_subagent(session_ids: pd.Series) -> np.ndarray:
 def _preparation(requests: pd.DataFrame) -> np.ndarray:
     """Whether each request prepared a lane (a warm run's primer or warmup request): those are
     in no measured metric."""
-    from model.agentic.report import PREPARATION
+    from servesim.agentic.report import PREPARATION
 
     return requests["phase"].isin(PREPARATION).to_numpy()
 

@@ -1,7 +1,7 @@
 """The one sink the model writes to: append-only rows, turned into tables once at the end.
 
 The hot path only appends (a tuple per terminal request or KV level change, a value per column
-per pass); no pandas is touched until `model.metrics.tables` builds the frames. Rows are kept
+per pass); no pandas is touched until `servesim.metrics.tables` builds the frames. Rows are kept
 column by column in typed arrays (`Columns`), so a replay of a million requests holds 8 bytes a
 number instead of a tuple of boxed floats.
 """
@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from model.metrics.gaps import Multiset
-from model.workload.request import Request
+from servesim.metrics.gaps import Multiset
+from servesim.workload.request import Request
 
 # how each request column is stored (see Columns): "d" float, "q" int, "o" object, "c" coded
 REQUEST_COLUMNS = {

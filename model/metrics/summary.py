@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from model.config.schema import SloConfig
-from model.metrics.gaps import Multiset
-from model.metrics.recorder import COMPLETED, INCOMPLETE, REJECTED
-from model.metrics.tables import time_weighted_mean
+from servesim.config.schema import SloConfig
+from servesim.metrics.gaps import Multiset
+from servesim.metrics.recorder import COMPLETED, INCOMPLETE, REJECTED
+from servesim.metrics.tables import time_weighted_mean
 
 STAT_KEYS = ("mean", "min", "max", "median", "p75", "p90", "p95", "p99", "std")
 PERCENTILES = {"median": 50, "p75": 75, "p90": 90, "p95": 95, "p99": 99}

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from model.metrics.recorder import (
+from servesim.metrics.recorder import (
     KV_EVENT_COLUMNS,
     NULL_WHERE_NEGATIVE,
     REQUEST_COLUMNS,

@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 import simpy
 
-from model.config.schema import KvRouter as KvRouterConfig
-from model.config.schema import RandomRouter as RandomRouterConfig
-from model.config.schema import RouterConfig, VllmEngineConfig
-from model.metrics.recorder import Recorder
-from model.router.base import Router
-from model.router.kv import KvRouter
-from model.router.random import RandomRouter
-from model.router.round_robin import RoundRobin
+from servesim.config.schema import KvRouter as KvRouterConfig
+from servesim.config.schema import RandomRouter as RandomRouterConfig
+from servesim.config.schema import RouterConfig, VllmEngineConfig
+from servesim.metrics.recorder import Recorder
+from servesim.router.base import Router
+from servesim.router.kv import KvRouter
+from servesim.router.random import RandomRouter
+from servesim.router.round_robin import RoundRobin
 
 
 def build_router(

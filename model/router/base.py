@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from model.workload.request import Request
+from servesim.workload.request import Request
 
 Send = Callable[[Request, int, int], None]
 

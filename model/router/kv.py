@@ -54,11 +54,11 @@ from dataclasses import dataclass
 import numpy as np
 import simpy
 
-from model.config.schema import KvRouter as KvRouterConfig
-from model.metrics.recorder import Recorder
-from model.router.base import Router
-from model.router.prefix_index import Holders, PrefixIndex
-from model.workload.request import Request
+from servesim.config.schema import KvRouter as KvRouterConfig
+from servesim.metrics.recorder import Recorder
+from servesim.router.base import Router
+from servesim.router.prefix_index import Holders, PrefixIndex
+from servesim.workload.request import Request
 
 # a flight never admitted (a rejection) signals after the pass's admitted requests
 NOT_ADMITTED = 1 << 62

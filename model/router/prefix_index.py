@@ -1,6 +1,6 @@
 """What the router believes each (worker, DP rank) caches: a prefix index fed only by KV events.
 
-Block ids are parent-chained (`model.workload.hashing`), so a block id stands for its whole
+Block ids are parent-chained (`servesim.workload.hashing`), so a block id stands for its whole
 prefix and "the leading blocks of a prompt that target t holds" is a walk down the prompt's ids
 while t still holds each one. `Holders` keeps, per block id, which targets hold it (with a count),
 so one walk scores every target at once: its cost is the sum, over the prompt's leading blocks,
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from itertools import groupby
 from operator import itemgetter
 
-from model.kv.block_pool import STORED
+from servesim.kv.block_pool import STORED
 
 
 class Holders:

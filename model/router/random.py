@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from model.router.base import Router
-from model.workload.request import Request
+from servesim.router.base import Router
+from servesim.workload.request import Request
 
 
 class RandomRouter(Router):

@@ -5,8 +5,8 @@ does for aggregated workers. Its P/D pools instead rotate over the flat list of 
 
 from __future__ import annotations
 
-from model.router.base import Router
-from model.workload.request import Request
+from servesim.router.base import Router
+from servesim.workload.request import Request
 
 
 class RoundRobin(Router):

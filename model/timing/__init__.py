@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from model.config.errors import ConfigError
-from model.config.schema import (
+from servesim.config.errors import ConfigError
+from servesim.config.schema import (
     AiconfiguratorTiming,
     CalibratedRooflineTiming,
     FixedTiming,
@@ -13,12 +13,12 @@ from model.config.schema import (
     RunConfig,
     VllmEngineConfig,
 )
-from model.timing.base import Scaled, StepTime
-from model.timing.calibrated import CalibratedRoofline, calibrated_factors
-from model.timing.fixed import Fixed
-from model.timing.interpolated import Interpolated
-from model.timing.polynomial import Polynomial
-from model.timing.roofline import Roofline
+from servesim.timing.base import Scaled, StepTime
+from servesim.timing.calibrated import CalibratedRoofline, calibrated_factors
+from servesim.timing.fixed import Fixed
+from servesim.timing.interpolated import Interpolated
+from servesim.timing.polynomial import Polynomial
+from servesim.timing.roofline import Roofline
 
 
 def build_step_time(cfg: RunConfig, engine: VllmEngineConfig | None = None) -> StepTime:
@@ -48,7 +48,7 @@ def build_step_time(cfg: RunConfig, engine: VllmEngineConfig | None = None) -> S
 
 
 # servesim names -> AIConfigurator's (the library caches Llama 3.1 under its old repo names;
-# model.timing.aiconfigurator aliases the new ones)
+# servesim.timing.aiconfigurator aliases the new ones)
 AIC_MODELS = {
     "llama3_8b": "meta-llama/Llama-3.1-8B",
     "llama3_70b": "meta-llama/Llama-3.1-70B",
@@ -85,7 +85,7 @@ def _aiconfigurator(cfg: RunConfig, t: AiconfiguratorTiming, engine: VllmEngineC
         )
     assert model_id is not None and system is not None  # else a problem was named above
     try:
-        from model.timing.aiconfigurator import AiconfiguratorStepTime
+        from servesim.timing.aiconfigurator import AiconfiguratorStepTime
 
         return AiconfiguratorStepTime(
             model_id,

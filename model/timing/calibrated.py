@@ -38,15 +38,15 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from model.config.derived import (
+from servesim.config.derived import (
     DTYPE_BYTES,
     active_params,
     kv_bytes_per_token,
     weight_bytes,
     weight_bytes_read,
 )
-from model.config.schema import HardwareConfig, LlmConfig
-from model.timing.base import new_tokens
+from servesim.config.schema import HardwareConfig, LlmConfig
+from servesim.timing.base import new_tokens
 
 FACTORS_PATH = Path(__file__).resolve().with_name("roofline_factors.json")
 FACTOR_KEYS = ("e_c", "e_m", "e_a", "e_ar", "o_p", "o_d", "o_seq", "a_ar", "o_req")

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from model.config.schema import FixedTiming
-from model.timing.base import new_tokens
+from servesim.config.schema import FixedTiming
+from servesim.timing.base import new_tokens
 
 
 class Fixed:

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from model.config.errors import ConfigError
-from model.config.schema import InterpolatedTiming
-from model.timing.base import new_tokens
+from servesim.config.errors import ConfigError
+from servesim.config.schema import InterpolatedTiming
+from servesim.timing.base import new_tokens
 
 DECODE_FLOOR_MS = 1.0
 ARRAYS = (

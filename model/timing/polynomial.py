@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from model.config.schema import PolynomialTiming
-from model.timing.base import new_tokens
+from servesim.config.schema import PolynomialTiming
+from servesim.timing.base import new_tokens
 
 
 class Polynomial:

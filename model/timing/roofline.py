@@ -1,4 +1,4 @@
-"""Roofline step time from model geometry x GPU: prefill compute-bound, decode memory-bound.
+"""Roofline step time from servesim geometry x GPU: prefill compute-bound, decode memory-bound.
 
 Each part of a pass costs the larger of its compute time and its memory time, plus a fixed
 overhead, across `tp_size` GPUs (formula and factors in docs/timing.md). With the pass summary
@@ -22,14 +22,14 @@ for float32.
 
 from __future__ import annotations
 
-from model.config.derived import (
+from servesim.config.derived import (
     DTYPE_BYTES,
     active_params,
     kv_bytes_per_token,
     weight_bytes_read,
 )
-from model.config.schema import HardwareConfig, LlmConfig, RooflineTiming
-from model.timing.base import new_tokens
+from servesim.config.schema import HardwareConfig, LlmConfig, RooflineTiming
+from servesim.timing.base import new_tokens
 
 
 class Roofline:

@@ -17,7 +17,7 @@ Two file variants (reference §1.3), told apart by the first non-blank line:
 
 The whole file is read and checked before the graph is returned (this is not a streaming
 reader): every problem is a `TraceError` naming the file and line, and the play / request where
-that helps. `model.agentic` replays the graph.
+that helps. `servesim.agentic` replays the graph.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
-from model.workload.errors import TraceError, check_utf8, existing, open_text
-from model.workload.mooncake import _ms, parse_row
+from servesim.workload.errors import TraceError, check_utf8, existing, open_text
+from servesim.workload.mooncake import _ms, parse_row
 
 __all__ = [
     "AgenticGraph",

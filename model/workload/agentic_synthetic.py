@@ -46,9 +46,9 @@ from pathlib import Path
 
 import numpy as np
 
-from model.config.schema import AgenticSyntheticWorkload
-from model.workload.agentic import AgenticGraph, Dependency, Node, Play, _check_acyclic
-from model.workload.synthetic import sample_length
+from servesim.config.schema import AgenticSyntheticWorkload
+from servesim.workload.agentic import AgenticGraph, Dependency, Node, Play, _check_acyclic
+from servesim.workload.synthetic import sample_length
 
 __all__ = ["NOMINAL_CALL_MS", "NOMINAL_MS_PER_OUTPUT_TOKEN", "generate_agentic"]
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from model.workload.errors import (
+from servesim.workload.errors import (
     SkipCounter,
     TraceError,
     TraceRow,

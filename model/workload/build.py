@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from model.config.schema import (
+from servesim.config.schema import (
     AgenticMooncakeWorkload,
     AgenticSyntheticWorkload,
     AzureWorkload,
@@ -28,13 +28,13 @@ from model.config.schema import (
     WekaWorkload,
     WorkloadConfig,
 )
-from model.workload.agentic import AgenticGraph, read_agentic_mooncake
-from model.workload.azure import read_azure
-from model.workload.errors import TraceError
-from model.workload.hashing import BlockHasher
-from model.workload.mooncake import SkipCounter, TraceRow, read_mooncake
-from model.workload.request import Request
-from model.workload.synthetic import generate
+from servesim.workload.agentic import AgenticGraph, read_agentic_mooncake
+from servesim.workload.azure import read_azure
+from servesim.workload.errors import TraceError
+from servesim.workload.hashing import BlockHasher
+from servesim.workload.mooncake import SkipCounter, TraceRow, read_mooncake
+from servesim.workload.request import Request
+from servesim.workload.synthetic import generate
 
 Session = list[Request]
 
@@ -57,16 +57,16 @@ def read_source(
     if isinstance(cfg, AgenticMooncakeWorkload):
         return read_agentic_mooncake(cfg.path, cfg.trace_block_size)
     if isinstance(cfg, WekaWorkload):
-        from model.workload.weka import read_weka
+        from servesim.workload.weka import read_weka
 
         graph, _basis = read_weka(cfg.path, cfg.trace_block_size, cfg.nested_timestamp_basis)
         return graph
     if isinstance(cfg, DynamoTraceWorkload):
-        from model.workload.dynamo_trace import read_dynamo_trace
+        from servesim.workload.dynamo_trace import read_dynamo_trace
 
         return read_dynamo_trace(cfg.path, cfg.trace_block_size)
     if isinstance(cfg, AgenticSyntheticWorkload):
-        from model.workload.agentic_synthetic import generate_agentic
+        from servesim.workload.agentic_synthetic import generate_agentic
 
         return generate_agentic(cfg, streams["lengths"])
     return None
@@ -101,7 +101,7 @@ def _rows(
 
 
 def _block_size_of(rows: list[TraceRow]) -> int:
-    from model.workload.dynamo_trace import trace_block_size_of
+    from servesim.workload.dynamo_trace import trace_block_size_of
 
     return trace_block_size_of(rows)
 

@@ -14,9 +14,9 @@ from collections.abc import Callable, Generator, Iterable, Iterator
 
 import simpy
 
-from model.clock import ARRIVAL, at_time
-from model.workload.build import Session
-from model.workload.request import Request
+from servesim.clock import ARRIVAL, at_time
+from servesim.workload.build import Session
+from servesim.workload.request import Request
 
 Dispatch = Callable[[Request], None]
 

@@ -59,7 +59,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from model.workload.agentic import (
+from servesim.workload.agentic import (
     AgenticGraph,
     Dependency,
     Node,
@@ -68,8 +68,8 @@ from model.workload.agentic import (
     _index,
     _lines,
 )
-from model.workload.errors import TraceError, TraceRow, existing, open_text
-from model.workload.mooncake import _int, _ms, non_negative_ints, parse_row
+from servesim.workload.errors import TraceError, TraceRow, existing, open_text
+from servesim.workload.mooncake import _int, _ms, non_negative_ints, parse_row
 
 __all__ = ["SCHEMA", "DynamoRows", "read_dynamo_trace", "trace_block_size_of"]
 

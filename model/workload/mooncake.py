@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from model.workload.errors import (
+from servesim.workload.errors import (
     SkipCounter,
     TraceError,
     TraceRow,

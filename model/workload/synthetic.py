@@ -20,8 +20,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from model.config.schema import LengthDistribution, SyntheticWorkload
-from model.workload.mooncake import TraceRow
+from servesim.config.schema import LengthDistribution, SyntheticWorkload
+from servesim.workload.mooncake import TraceRow
 
 
 def sample_length(dist: LengthDistribution, rng: np.random.Generator) -> int:

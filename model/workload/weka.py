@@ -68,7 +68,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from model.workload.agentic import (
+from servesim.workload.agentic import (
     AgenticGraph,
     Dependency,
     Node,
@@ -77,8 +77,8 @@ from model.workload.agentic import (
     _index,
     _lines,
 )
-from model.workload.errors import TraceError, existing, read_utf8
-from model.workload.mooncake import _int, _ms
+from servesim.workload.errors import TraceError, existing, read_utf8
+from servesim.workload.mooncake import _int, _ms
 
 __all__ = ["NESTED_TIMESTAMP_BASES", "read_weka"]
 

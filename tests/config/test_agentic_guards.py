@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from model.config.load import ConfigError
+from servesim.config.load import ConfigError
 
 G2 = {"host_offload": {"num_host_blocks": 1000}}
 G3 = {"host_offload": {"num_host_blocks": 1000}, "disk": {"num_g3_blocks": 1000}}

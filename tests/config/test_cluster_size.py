@@ -10,11 +10,11 @@ import re
 import pytest
 from conftest import make_config, run_servesim
 
-from model.config import ConfigError
+from servesim.config import ConfigError
 
 
 def test_the_limit_is_ten_thousand_ranks():
-    from model.config.derived import MAX_ENGINE_RANKS
+    from servesim.config.derived import MAX_ENGINE_RANKS
 
     assert MAX_ENGINE_RANKS == 10_000
     make_config(topology={"num_workers": 10_000})

@@ -9,9 +9,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from model.cli import run
-from model.config import ConfigError, validate_config
-from model.config.derived import kv_bytes_per_token, num_gpu_blocks
+from servesim.cli import run
+from servesim.config import ConfigError, validate_config
+from servesim.config.derived import kv_bytes_per_token, num_gpu_blocks
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
@@ -137,7 +137,7 @@ def test_missing_trace_path_names_the_key(tmp_path):
 
 def test_interpolated_profile_from_a_file_runs(tmp_path):
     """timing=interpolated_file reads the five arrays from timing.path."""
-    from model import simulate
+    from servesim import simulate
 
     cfg = validated(["timing=interpolated_file"], tmp_path)
     assert cfg.timing.path.endswith("profile.json")

@@ -40,20 +40,17 @@ import math
 import sys
 from functools import cache
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from conftest import compare_dynamo_module
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 from test_mocker_golden import TIME_FIELDS, join, same_time, servesim_records
 
-from model import RunConfig, native, simulate, validate_config
-from model.router.kv import KvRouter
-from model.workload.request import Request
+from servesim import RunConfig, compose, native, simulate
+from servesim.router.kv import KvRouter
+from servesim.workload.request import Request
 
 REPO = Path(__file__).resolve().parents[2]
-CONF_DIR = REPO / "conf"
 FIXTURES = Path(__file__).resolve().parent / "kv_router"
 CASES = sorted(p.parent.name for p in FIXTURES.glob("*/case.json"))
 PER_REQUEST = sorted(p.parent.name for p in FIXTURES.glob("*/requests.jsonl"))
@@ -83,11 +80,7 @@ def _config(name: str, seed: int) -> RunConfig:
     case = _case(name)
     trace = FIXTURES / name / case["trace"]
     overrides = [*case["servesim_overrides"], f"workload.path={trace}", f"seed={seed}"]
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=overrides)
-    data = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(data, dict)
-    return validate_config(cast(dict[str, Any], data))
+    return compose(overrides)
 
 
 @cache

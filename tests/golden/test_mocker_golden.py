@@ -43,19 +43,16 @@ import tempfile
 from collections import defaultdict
 from functools import cache
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from conftest import compare_dynamo_module
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
-from model import Result, simulate, validate_config
-from model.config.derived import role_engines
-from model.rundir import write_requests_jsonl
+from servesim import Result, compose, simulate
+from servesim.config.derived import role_engines
+from servesim.rundir import write_requests_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
-CONF_DIR = REPO / "conf"
 FIXTURES = Path(__file__).resolve().parent / "mocker"
 CASES = sorted(p.parent.name for p in FIXTURES.glob("*/case.json"))
 
@@ -205,11 +202,7 @@ def servesim_run(name: str) -> Result:
     """servesim on a case, composed exactly as `servesim` would compose the overrides."""
     case = _case(name)
     trace = FIXTURES / name / case["trace"]
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=[*case["servesim_overrides"], f"workload.path={trace}"])
-    data = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(data, dict)
-    return simulate(validate_config(cast(dict[str, Any], data)))
+    return simulate(compose([*case["servesim_overrides"], f"workload.path={trace}"]))
 
 
 def mocker_records(name: str) -> list[dict[str, Any]]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import compare_dynamo_module, make_config, shared_trace
 
-from model import simulate
+from servesim import simulate
 
 HERE = Path(__file__).parent / "mocker_real"
 CASES = [

@@ -11,7 +11,7 @@ from conftest import make_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from model import simulate
+from servesim import simulate
 
 FIXED = {"kind": "fixed", "prefill_ms": 7.0, "decode_ms": 1.0}
 
@@ -125,8 +125,8 @@ def test_agentic_replay_invariants(c):
 
 
 def _edges(cfg) -> dict[str, list[tuple[str, str, str, float]]]:
-    from model.sim import random_streams
-    from model.workload.agentic_synthetic import generate_agentic
+    from servesim.sim import random_streams
+    from servesim.workload.agentic_synthetic import generate_agentic
 
     graph = generate_agentic(cfg.workload, random_streams(cfg.seed)["lengths"])
     return {

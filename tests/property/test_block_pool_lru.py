@@ -21,9 +21,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import model.kv.block_pool as block_pool
-from model.kv.block_pool import REMOVED, STORED, BlockPool
-from model.workload.request import Request
+import servesim.kv.block_pool as block_pool
+from servesim.kv.block_pool import REMOVED, STORED, BlockPool
+from servesim.workload.request import Request
 
 
 class Reference:

@@ -29,12 +29,12 @@ from conftest import SHARED_TRACES, make_config, shared_trace, write_jsonl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import model.sim as sim
-from model import simulate
-from model.clock import Environment
-from model.config.derived import role_engines
-from model.metrics.summary import without_wall
-from model.sim import Result
+import servesim.sim as sim
+from servesim import simulate
+from servesim.clock import Environment
+from servesim.config.derived import role_engines
+from servesim.metrics.summary import without_wall
+from servesim.sim import Result
 
 TIME_ATOL_MS = 1e-6
 TABLES = ("requests", "passes", "kv", "kv_events", "transfers", "routing", "plays")

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from model.kv.block_pool import BlockPool
-from model.kv.group_pool import GroupPool, choose_pool
-from model.workload.hashing import BlockHasher
+from servesim.kv.block_pool import BlockPool
+from servesim.kv.group_pool import GroupPool, choose_pool
+from servesim.workload.hashing import BlockHasher
 from tests.property.test_block_pool_lru import (
     Reference,
     compact_slack,

@@ -13,7 +13,7 @@ from conftest import make_config
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from model import simulate
+from servesim import simulate
 
 rows_strategy = st.lists(
     st.tuples(

@@ -1,9 +1,9 @@
 """The native build against the source (model/native.py): the same answers, table by table.
 
-The modules `model.native.MODULES` compiled by mypyc must replay exactly as their source does.
+The modules `servesim.native.MODULES` compiled by mypyc must replay exactly as their source does.
 This builds them (once per state of the sources: the build is cached) and replays every
 scenario of the fast-forward equivalence suite (tests/property/test_fast_forward_equivalence.py)
-in two fresh interpreters, one running the source (`SERVESIM_NATIVE=0`) and one the build,
+in two fresh interpreters, one running the source (`SERVESIM_NATIVE=0`) and one the build (`=1`),
 each in its fast-forward mode and, for a few, stepping too; then compares, per scenario, every
 table (`_ms` columns to 1e-6 ms, everything else exactly, dtypes included), the per-token
 times and the summary (exactly, host-time keys aside). It is skipped only where mypyc or a C
@@ -30,8 +30,8 @@ from test_fast_forward_equivalence import (
     value_differences,
 )
 
-from model import native
-from model.metrics.summary import without_wall
+from servesim import native
+from servesim.metrics.summary import without_wall
 
 TESTS = Path(__file__).resolve().parents[1]
 # scenarios also replayed stepping every pass (engine.fast_forward=false)
@@ -42,8 +42,8 @@ CHILD = textwrap.dedent(
     import pickle, sys
     from pathlib import Path
     sys.path[:0] = [{tests!r}, {property!r}]
-    import model
-    from model import native, simulate
+    import servesim
+    from servesim import native, simulate
     from conftest import make_config, write_jsonl
     from _pytest.outcomes import Skipped
     import test_fast_forward_equivalence as ff
@@ -77,10 +77,7 @@ def _replay_all(tmp: Path, use_build: bool) -> tuple[str | None, dict[Any, Any]]
     """Every scenario replayed by a fresh interpreter, on the build or on the source."""
     code = CHILD.format(tests=str(TESTS), property=str(TESTS / "property"), stepped=STEPPED)
     env = dict(os.environ)
-    if use_build:
-        env.pop("SERVESIM_NATIVE", None)
-    else:
-        env["SERVESIM_NATIVE"] = "0"
+    env["SERVESIM_NATIVE"] = "1" if use_build else "0"
     path = tmp / f"runs-{'native' if use_build else 'source'}.pkl"
     proc = subprocess.run(
         [sys.executable, "-c", code, str(path), str(tmp)], env=env, capture_output=True, text=True
@@ -137,7 +134,7 @@ def test_the_build_gives_the_source_answer(sid, fast, both):
     assert not found, "the native build changed the answer:\n" + "\n".join(found[:20])
 
 
-def test_a_source_edited_after_the_build_runs_as_source(tmp_path, monkeypatch):
+def test_a_source_edited_after_the_build_is_not_built(tmp_path, monkeypatch):
     """The build is named by the sources: a changed source file names another build, so
     nothing stale is imported."""
     package = tmp_path / "model"
@@ -158,9 +155,35 @@ def test_the_status_command_names_the_build_or_the_source(tmp_path, monkeypatch,
     where = tmp_path / native.digest()
     where.mkdir()
     (where / native.MANIFEST).write_text('{"files": {}}')
-    monkeypatch.setenv("SERVESIM_NATIVE", "0")
     assert native.main(["status"]) == 0
-    assert f"build {where.name}" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"build {where.name}" in out
+    assert "SERVESIM_NATIVE=1 uses it" in out
+
+
+def test_asking_for_a_build_that_is_not_there_says_so(tmp_path, monkeypatch):
+    """SERVESIM_NATIVE=1 without a build of the current sources is an error, not the source
+    quietly run in its place."""
+    monkeypatch.setenv("SERVESIM_NATIVE_DIR", str(tmp_path))
+    monkeypatch.setenv("SERVESIM_NATIVE", "1")
+    code = "import servesim"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode != 0
+    assert "servesim-native build" in proc.stderr
+    assert "no build of the current sources" in proc.stderr
+
+
+def test_a_build_in_the_cache_is_not_used_unless_asked(tmp_path, monkeypatch):
+    """A build sitting in the cache changes nothing until SERVESIM_NATIVE=1 asks for it."""
+    monkeypatch.setenv("SERVESIM_NATIVE_DIR", str(tmp_path))
+    where = tmp_path / native.digest()
+    where.mkdir()
+    (where / native.MANIFEST).write_text('{"files": {"servesim.clock": "nowhere.so"}}')
+    monkeypatch.delenv("SERVESIM_NATIVE", raising=False)
+    code = "import servesim, servesim.clock, servesim.native as n; print(n.ACTIVE)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "None"
 
 
 def test_without_mypyc_the_build_says_what_to_install(monkeypatch, tmp_path):

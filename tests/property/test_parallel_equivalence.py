@@ -27,10 +27,10 @@ from test_fast_forward_equivalence import (
     value_differences,
 )
 
-from model import simulate
-from model.metrics.summary import without_wall
-from model.sim import Result
-from model.workload.errors import TraceError
+from servesim import simulate
+from servesim.metrics.summary import without_wall
+from servesim.sim import Result
+from servesim.workload.errors import TraceError
 
 CONVERSATION = SHARED_TRACES / "conversation_trace.jsonl"
 AZURE = SHARED_TRACES / "AzureLLMInferenceTrace_conv.csv"
@@ -311,7 +311,7 @@ def test_a_part_that_cannot_be_written_to_a_file_is_sent_back(monkeypatch):
     import tempfile
     import types
 
-    import model.parallel as parallel
+    import servesim.parallel as parallel
 
     def no_room(obj: Any, fh: Any, protocol: int | None = None) -> None:
         raise OSError(28, "No space left on device")

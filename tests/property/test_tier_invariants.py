@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_invariants import engine_strategy, rows_strategy, write_rows
 
-from model import simulate
+from servesim import simulate
 
 host_strategy = st.fixed_dictionaries(
     {

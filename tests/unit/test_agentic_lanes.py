@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from model import simulate
-from model.agentic.snapshot import CUT_LOW, CUT_SPAN, cut_fraction
-from model.config.load import ConfigError
+from servesim import simulate
+from servesim.agentic.snapshot import CUT_LOW, CUT_SPAN, cut_fraction
+from servesim.config.load import ConfigError
 
 FIXED = {"kind": "fixed", "prefill_ms": 10.0, "decode_ms": 1.0}
 HEADER = {"schema": "dynamo.agentic_mooncake", "version": 2, "block_size": 64}

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from model.workload.agentic import Dependency, read_agentic_mooncake, write_agentic_v2
-from model.workload.errors import TraceError
+from servesim.workload.agentic import Dependency, read_agentic_mooncake, write_agentic_v2
+from servesim.workload.errors import TraceError
 
 HEADER = {
     "schema": "dynamo.agentic_mooncake",

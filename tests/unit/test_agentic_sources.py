@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from model import simulate
-from model.config.load import ConfigError
+from servesim import simulate
+from servesim.config.load import ConfigError
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "agentic"
 FIXED = {"kind": "fixed", "prefill_ms": 10.0, "decode_ms": 1.0}

@@ -9,10 +9,10 @@ import math
 import numpy as np
 import pytest
 
-from model.agentic.snapshot import graph_digest, recorded_starts, snapshot_plan
-from model.config.schema import AgenticSyntheticWorkload
-from model.workload.agentic import AgenticGraph, Node
-from model.workload.agentic_synthetic import generate_agentic, nominal_call_ms
+from servesim.agentic.snapshot import graph_digest, recorded_starts, snapshot_plan
+from servesim.config.schema import AgenticSyntheticWorkload
+from servesim.workload.agentic import AgenticGraph, Node
+from servesim.workload.agentic_synthetic import generate_agentic, nominal_call_ms
 
 
 def const(x: float) -> dict:

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from conftest import shared_trace
 
-from model.workload.azure import read_azure
-from model.workload.errors import TraceError
-from model.workload.mooncake import SkipCounter, TraceRow
+from servesim.workload.azure import read_azure
+from servesim.workload.errors import TraceError
+from servesim.workload.mooncake import SkipCounter, TraceRow
 
 HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens"
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from model.kv.block_pool import REMOVED, STORED, BlockPool
-from model.workload.request import Request
+from servesim.kv.block_pool import REMOVED, STORED, BlockPool
+from servesim.workload.request import Request
 
 
 def req(name: str = "r") -> Request:

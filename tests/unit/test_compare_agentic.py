@@ -44,19 +44,14 @@ def test_what_the_mocker_cannot_replay_is_named(trace):
 
 
 def _compose(overrides):
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
+    from servesim import compose
 
-    from model import validate_config
-
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=list(overrides))
-    return validate_config(OmegaConf.to_container(cfg, resolve=True))
+    return compose(list(overrides))
 
 
 def test_agentic_trace_script_writes_the_graph_simulate_replays(tmp_path):
     """experiments/agentic_trace.py: its v2 file replays exactly as the synthetic workload."""
-    from model import simulate
+    from servesim import simulate
 
     spec = importlib.util.spec_from_file_location(
         "agentic_trace", REPO / "experiments" / "agentic_trace.py"

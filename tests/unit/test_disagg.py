@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from model import simulate
-from model.config import ConfigError
+from servesim import simulate
+from servesim.config import ConfigError
 
 FIXED = {"kind": "fixed", "prefill_ms": 10.0, "decode_ms": 1.0}
 LIFECYCLE = [

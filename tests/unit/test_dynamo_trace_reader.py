@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from model.workload.agentic import AgenticGraph
-from model.workload.dynamo_trace import DynamoRows, read_dynamo_trace, trace_block_size_of
-from model.workload.errors import TraceError, TraceRow
+from servesim.workload.agentic import AgenticGraph
+from servesim.workload.dynamo_trace import DynamoRows, read_dynamo_trace, trace_block_size_of
+from servesim.workload.errors import TraceError, TraceRow
 
 DATA = Path(__file__).parents[1] / "data" / "agentic"
 SCHEMA = "dynamo.request.trace.v1"

@@ -42,7 +42,7 @@ def row(**kw):
 def test_estimate_is_the_documented_closed_loop():
     fit = _fit()
     llm, hw = fit.model_for(row())
-    from model.timing.calibrated import CalibratedRoofline
+    from servesim.timing.calibrated import CalibratedRoofline
 
     m = CalibratedRoofline(llm, hw, 1, factors=F)
     ttft, tpot = fit.estimate(m, 16, 1000, 500)

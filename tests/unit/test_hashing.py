@@ -8,8 +8,8 @@ import itertools
 import numpy as np
 import pytest
 
-from model.workload import hashing
-from model.workload.hashing import ROOT, BlockHasher
+from servesim.workload import hashing
+from servesim.workload.hashing import ROOT, BlockHasher
 
 
 def tokens(canonical: list[int], input_length: int, trace_block_size: int) -> list[int]:

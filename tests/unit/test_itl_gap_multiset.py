@@ -21,10 +21,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import model.metrics.recorder as recorder_module
-from model import simulate
-from model.metrics.gaps import Multiset
-from model.metrics.summary import PERCENTILES, counted_distribution, summarize
+import servesim.metrics.recorder as recorder_module
+from servesim import simulate
+from servesim.metrics.gaps import Multiset
+from servesim.metrics.summary import PERCENTILES, counted_distribution, summarize
 
 ITL = "itl"
 RATE = "output_token_throughput_per_user"

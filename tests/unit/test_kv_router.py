@@ -12,12 +12,12 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from model.config.schema import KvRouter as KvRouterConfig
-from model.kv.block_pool import REMOVED, STORED
-from model.metrics.recorder import Recorder
-from model.router.kv import KvRouter, softmax_pick
-from model.router.prefix_index import Holders, PrefixIndex
-from model.workload.request import Request
+from servesim.config.schema import KvRouter as KvRouterConfig
+from servesim.kv.block_pool import REMOVED, STORED
+from servesim.metrics.recorder import Recorder
+from servesim.router.kv import KvRouter, softmax_pick
+from servesim.router.prefix_index import Holders, PrefixIndex
+from servesim.workload.request import Request
 
 BS = 4
 

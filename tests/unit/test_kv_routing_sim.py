@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from model import simulate
+from servesim import simulate
 
 FIXED = {"kind": "fixed", "prefill_ms": 10.0, "decode_ms": 1.0}
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from model.clock import Environment
-from model.kv.link import Link
-from model.metrics.recorder import Recorder
-from model.metrics.tables import transfers_table
+from servesim.clock import Environment
+from servesim.kv.link import Link
+from servesim.metrics.recorder import Recorder
+from servesim.metrics.tables import transfers_table
 
 MB = 1_000_000
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from model.workload.errors import TraceError
-from model.workload.mooncake import SkipCounter, TraceRow, read_mooncake
+from servesim.workload.errors import TraceError
+from servesim.workload.mooncake import SkipCounter, TraceRow, read_mooncake
 
 GOOD = {"timestamp": 0, "input_length": 8, "output_length": 2, "hash_ids": [1, 2]}
 

@@ -1,4 +1,4 @@
-"""The plot helpers of `model.metrics.plots` on small simulated runs, with the Agg backend.
+"""The plot helpers of `servesim.metrics.plots` on small simulated runs, with the Agg backend.
 
 Behaviour, not pixels: each helper returns the Axes (or Figure) it drew on and draws the artists
 its tables imply (one bar per pass overlapping the Gantt window, coloured by pass kind or by P/D
@@ -27,8 +27,8 @@ from conftest import make_config, write_jsonl  # noqa: E402
 from matplotlib.colors import to_rgba  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
-from model import Result, simulate  # noqa: E402
-from model.metrics import plots  # noqa: E402
+from servesim import Result, simulate  # noqa: E402
+from servesim.metrics import plots  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +63,8 @@ def bars(ax) -> list[Rectangle]:
 
 
 def test_import_model_does_not_import_matplotlib():
-    """Plotting stays out of `import model` (and of importing the plots module itself)."""
-    code = "import sys, model, model.metrics.plots; assert 'matplotlib' not in sys.modules"
+    """Plotting stays out of `import servesim` (and of importing the plots module itself)."""
+    code = "import sys, servesim, servesim.metrics.plots; assert 'matplotlib' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from model import native
-from model.kv.block_pool import BlockPool
-from model.workload.request import Request
+from servesim import native
+from servesim.kv.block_pool import BlockPool
+from servesim.workload.request import Request
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "profile_parts.py"
 

@@ -18,11 +18,11 @@ import pandas as pd
 import pytest
 from conftest import make_config
 
-from model import progress
-from model.sim import simulate
+from servesim import progress
+from servesim.sim import simulate
 
 SCRIPT = Path(sys.executable).parent / "servesim"
-COMMAND = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "model.cli"]
+COMMAND = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "servesim.cli"]
 
 
 def _mooncake(path: Path, timestamps: list[float]) -> Path:

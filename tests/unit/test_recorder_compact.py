@@ -20,12 +20,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import model.sim as sim
-from model import simulate
-from model.metrics.recorder import COMPLETED, Appended, Columns, Recorder
-from model.metrics.summary import without_wall
-from model.metrics.tables import REQUEST_DTYPES, kv_table, passes_table, requests_table
-from model.workload.request import Request
+import servesim.sim as sim
+from servesim import simulate
+from servesim.metrics.recorder import COMPLETED, Appended, Columns, Recorder
+from servesim.metrics.summary import without_wall
+from servesim.metrics.tables import REQUEST_DTYPES, kv_table, passes_table, requests_table
+from servesim.workload.request import Request
 
 FIXED = {"kind": "fixed", "prefill_ms": 10.0, "decode_ms": 1.0}
 OLD_REQUEST_COLUMNS = (

@@ -11,9 +11,9 @@ from typing import Any
 import pandas as pd
 import pytest
 
-import model.sim as sim
-from model.metrics.recorder import TABLES, Recorder
-from model.metrics.summary import without_wall
+import servesim.sim as sim
+from servesim.metrics.recorder import TABLES, Recorder
+from servesim.metrics.summary import without_wall
 
 FIXED = {"kind": "fixed", "prefill_ms": 10.0, "decode_ms": 1.0}
 FRAMES = ("requests", "passes", "kv", "kv_events", "transfers", "routing")

@@ -20,8 +20,8 @@ import pandas as pd
 import pytest
 from conftest import SERVESIM, TINY_ROWS, make_config, run_servesim, write_jsonl
 
-from model import rundir
-from model.sim import simulate
+from servesim import rundir
+from servesim.sim import simulate
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import gc
 from typing import Any
 
-import model.sim as sim
+import servesim.sim as sim
 
 FIXED = {"kind": "fixed", "prefill_ms": 10.0, "decode_ms": 1.0}
 ROWS = [

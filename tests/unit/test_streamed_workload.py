@@ -1,5 +1,5 @@
 """Streamed trace replay: an open-loop Mooncake / Azure replay of single requests reads its rows
-as arrivals come (model.workload.build.StreamedWorkload) and gives exactly the tables of the
+as arrivals come (servesim.workload.build.StreamedWorkload) and gives exactly the tables of the
 whole-file path; bad rows fail with their file and line, rows a stop time never reached are
 recorded as not arrived, and memory holds the requests in flight, not the trace."""
 
@@ -12,11 +12,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import model.sim as sim
-from model.workload.build import RequestIds, StreamedWorkload
-from model.workload.errors import TraceError
-from model.workload.mooncake import TraceRow
-from model.workload.request import Request
+import servesim.sim as sim
+from servesim.workload.build import RequestIds, StreamedWorkload
+from servesim.workload.errors import TraceError
+from servesim.workload.mooncake import TraceRow
+from servesim.workload.request import Request
 from tests.conftest import make_config, shared_trace, write_jsonl
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from model.metrics.summary import _std, distribution
+from servesim.metrics.summary import _std, distribution
 
 
 @pytest.mark.parametrize("n", [1, 2, 7, 8, 129, 1000, 1001, 4097, 65_536, 200_003])

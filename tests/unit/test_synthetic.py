@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from model.config.schema import LengthDistribution, SyntheticWorkload, TraceLoad
-from model.sim import random_streams
-from model.workload.build import build_workload
-from model.workload.hashing import BlockHasher
-from model.workload.synthetic import generate, sample_length
+from servesim.config.schema import LengthDistribution, SyntheticWorkload, TraceLoad
+from servesim.sim import random_streams
+from servesim.workload.build import build_workload
+from servesim.workload.hashing import BlockHasher
+from servesim.workload.synthetic import generate, sample_length
 
 
 def synthetic(**kw) -> SyntheticWorkload:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import simpy
 
-from model import simulate
-from model.config import ConfigError
-from model.kv.tier_pool import TierPool
+from servesim import simulate
+from servesim.config import ConfigError
+from servesim.kv.tier_pool import TierPool
 
 FIXED = {"kind": "fixed", "prefill_ms": 10.0, "decode_ms": 1.0}
 BLOCK_BYTES = 64 * 131072
@@ -362,11 +362,11 @@ class _StubTiers:
 def test_a_pass_and_a_load_it_starts_each_wait_for_the_stores_they_evicted_from():
     """R's decode step evicts block 203 (a store to G2 still reads it), then C's load in the
     same pass evicts 202: the pass waits for 203's store, the load for 202's."""
-    from model.config.schema import VllmEngineConfig
-    from model.engine.vllm import VllmScheduler
-    from model.kv.block_pool import BlockPool
-    from model.workload.hashing import BlockHasher
-    from model.workload.request import Request
+    from servesim.config.schema import VllmEngineConfig
+    from servesim.engine.vllm import VllmScheduler
+    from servesim.kv.block_pool import BlockPool
+    from servesim.workload.hashing import BlockHasher
+    from servesim.workload.request import Request
 
     cfg = VllmEngineConfig(block_size=4, max_num_batched_tokens=64, max_num_seqs=8)
     pool = BlockPool(5, True, False)

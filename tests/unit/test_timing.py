@@ -8,18 +8,18 @@ import numpy as np
 import pytest
 from tests_support import H100_CFG, LLAMA8B_CFG
 
-from model.config.schema import (
+from servesim.config.schema import (
     FixedTiming,
     InterpolatedTiming,
     PolynomialTiming,
     RooflineTiming,
 )
-from model.engine.worker import DecodeTable, decode_price
-from model.timing.base import Scaled
-from model.timing.fixed import Fixed
-from model.timing.interpolated import Interpolated
-from model.timing.polynomial import Polynomial
-from model.timing.roofline import Roofline
+from servesim.engine.worker import DecodeTable, decode_price
+from servesim.timing.base import Scaled
+from servesim.timing.fixed import Fixed
+from servesim.timing.interpolated import Interpolated
+from servesim.timing.polynomial import Polynomial
+from servesim.timing.roofline import Roofline
 
 
 def p(t: float) -> float:

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("aiconfigurator_core")
 
-from model.timing.aiconfigurator import (  # noqa: E402
+from servesim.timing.aiconfigurator import (  # noqa: E402
     EXACT_BELOW,
     MISSING_EXTRA,
     AiconfiguratorStepTime,

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from tests_support import CALIBRATED_FACTORS, H100_CFG, LLAMA8B_CFG
 
-from model import simulate
-from model.config.errors import ConfigError
-from model.config.schema import HardwareConfig
-from model.timing.calibrated import CalibratedRoofline, calibrated_factors, family_of, lookup
+from servesim import simulate
+from servesim.config.errors import ConfigError
+from servesim.config.schema import HardwareConfig
+from servesim.timing.calibrated import CalibratedRoofline, calibrated_factors, family_of, lookup
 
 REPO = Path(__file__).resolve().parents[2]
 F = CALIBRATED_FACTORS
@@ -148,8 +148,8 @@ def test_moe_reads_the_dense_part_and_the_experts_its_tokens_touch():
     (30.5 - 3.3) / 120 B; one token reads the dense part and 8 experts, many tokens all."""
     import yaml
 
-    from model.config.derived import weight_bytes, weight_bytes_read
-    from model.config.schema import LlmConfig
+    from servesim.config.derived import weight_bytes, weight_bytes_read
+    from servesim.config.schema import LlmConfig
 
     llm = LlmConfig(**yaml.safe_load((REPO / "conf" / "llm" / "qwen3_30b_a3b.yaml").read_text()))
     expert = (30.5 - 3.3) / 120

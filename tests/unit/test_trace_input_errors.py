@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 from conftest import SERVESIM, run_servesim
 
-from model.workload.agentic import read_agentic_mooncake
-from model.workload.azure import read_azure
-from model.workload.dynamo_trace import read_dynamo_trace
-from model.workload.errors import SkipCounter, TraceError
-from model.workload.mooncake import read_mooncake
-from model.workload.weka import read_weka
+from servesim.workload.agentic import read_agentic_mooncake
+from servesim.workload.azure import read_azure
+from servesim.workload.dynamo_trace import read_dynamo_trace
+from servesim.workload.errors import SkipCounter, TraceError
+from servesim.workload.mooncake import read_mooncake
+from servesim.workload.weka import read_weka
 
 ROW = {"timestamp": 0, "input_length": 8, "output_length": 2, "hash_ids": [1, 2]}
 # an ignored `note` field holding Latin-1 "café": its byte 0xe9 opens a three-byte UTF-8

@@ -6,7 +6,7 @@ import tracemalloc
 
 import pytest
 
-from model import simulate
+from servesim import simulate
 
 FIXED = {"kind": "fixed", "prefill_ms": 50.0, "decode_ms": 10.0}
 

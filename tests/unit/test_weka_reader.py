@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from model.workload.agentic import read_agentic_mooncake, write_agentic_v2
-from model.workload.errors import TraceError
-from model.workload.weka import read_weka
+from servesim.workload.agentic import read_agentic_mooncake, write_agentic_v2
+from servesim.workload.errors import TraceError
+from servesim.workload.weka import read_weka
 
 DATA = Path(__file__).parents[1] / "data" / "agentic"
 

@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 
-from model.config.schema import (
+from servesim.config.schema import (
     AzureWorkload,
     ConcurrencyLoad,
     MooncakeWorkload,
@@ -17,11 +17,11 @@ from model.config.schema import (
     SyntheticWorkload,
     TraceLoad,
 )
-from model.sim import random_streams, simulate
-from model.workload.build import Workload, _follow_up_delay, build_workload
-from model.workload.errors import TraceError
-from model.workload.hashing import BlockHasher
-from model.workload.mooncake import TraceRow
+from servesim.sim import random_streams, simulate
+from servesim.workload.build import Workload, _follow_up_delay, build_workload
+from servesim.workload.errors import TraceError
+from servesim.workload.hashing import BlockHasher
+from servesim.workload.mooncake import TraceRow
 
 
 def build(path, load=None, block_size=4, trace_block_size=4, seed=0, **kw) -> Workload:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from model import simulate
+from servesim import simulate
 
 
 def p(t: float) -> float:
