@@ -21,7 +21,8 @@ native.activate_if_asked()
 if TYPE_CHECKING:
     from servesim.config import ConfigError, RunConfig, validate_config
     from servesim.config.compose import compose
-    from servesim.sim import Result, simulate
+    from servesim.outcome import Result
+    from servesim.sim import simulate
 
 # the public names, and the module each comes from (imported on first use)
 _PUBLIC = {
@@ -29,7 +30,7 @@ _PUBLIC = {
     "ConfigError": "servesim.config",
     "RunConfig": "servesim.config",
     "validate_config": "servesim.config",
-    "Result": "servesim.sim",
+    "Result": "servesim.outcome",
     "simulate": "servesim.sim",
 }
 

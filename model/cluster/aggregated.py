@@ -8,8 +8,8 @@ import numpy as np
 import simpy
 
 from servesim.cluster.base import ClusterBase
-from servesim.config.derived import num_gpu_blocks
-from servesim.config.schema import AggregatedTopology, RunConfig
+from servesim.config.plan import Plan
+from servesim.config.schema import AggregatedTopology
 from servesim.metrics.recorder import Recorder
 from servesim.router import KvRouter, build_router
 from servesim.router.round_robin import RoundRobin
@@ -22,19 +22,20 @@ class AggregatedCluster(ClusterBase):
     def __init__(
         self,
         env: simpy.Environment,
-        cfg: RunConfig,
+        plan: Plan,
         hasher: BlockHasher,
         recorder: Recorder,
         router_rng: np.random.Generator,
     ) -> None:
-        super().__init__(env, cfg, recorder)
+        super().__init__(env, plan, recorder)
+        cfg = plan.cfg
         topo = cfg.topology
         assert isinstance(topo, AggregatedTopology)
         self.build_pool(
             "aggregated",
             cfg.engine,
             topo.num_workers,
-            num_gpu_blocks(cfg),
+            plan.gpu_blocks["aggregated"],
             build_step_time(cfg),
             hasher,
             self._completed,

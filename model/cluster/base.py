@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import simpy
 
-from servesim.config.derived import kv_events_on
+from servesim.config.plan import Plan
 from servesim.config.schema import RunConfig, VllmEngineConfig
 from servesim.engine.vllm import VllmScheduler
 from servesim.engine.worker import Worker
@@ -32,9 +32,10 @@ def total_workers(cfg: RunConfig) -> int:
 
 
 class ClusterBase:
-    def __init__(self, env: simpy.Environment, cfg: RunConfig, recorder: Recorder) -> None:
+    def __init__(self, env: simpy.Environment, plan: Plan, recorder: Recorder) -> None:
         self.env = env
-        self.cfg = cfg
+        self.plan = plan
+        cfg = self.cfg = plan.cfg
         self.recorder = recorder
         self.n_in_flight = 0
         self.n_dispatched = 0
@@ -44,7 +45,7 @@ class ClusterBase:
         self.next_arrival_ms = math.inf
         self.stop_ms = cfg.stop.max_virtual_time_ms or math.inf
         self.workers: list[Worker] = []
-        self.tiers = TierBuilder(env, cfg, recorder)
+        self.tiers = TierBuilder(env, plan, recorder)
         self.routers: list[Router] = []
         # KV routers with a pending queue: they apply a pass end's signals in the pass's
         # running order, so each admission to their workers is told to them
@@ -94,9 +95,7 @@ class ClusterBase:
             scheds = [
                 VllmScheduler(
                     engine,
-                    choose_pool(
-                        n_blocks, engine.enable_prefix_caching, kv_events_on(self.cfg), group
-                    ),
+                    choose_pool(n_blocks, engine.enable_prefix_caching, self.plan.kv_events, group),
                     hasher,
                     self._admitted,
                     role,

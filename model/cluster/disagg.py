@@ -27,8 +27,8 @@ import simpy
 from servesim.clock import SETTLE_DELIVERED, TRANSFER_END, at_time, fire
 from servesim.cluster.base import ClusterBase
 from servesim.cluster.handoff import handoff
-from servesim.config.derived import num_gpu_blocks, role_engines, transfer_bytes_per_token
-from servesim.config.schema import DisaggTopology, RunConfig
+from servesim.config.plan import Plan
+from servesim.config.schema import DisaggTopology
 from servesim.engine.worker import Rank, Worker
 from servesim.kv.link import Link
 from servesim.metrics.recorder import COMPLETED, REJECTED, Recorder
@@ -57,21 +57,22 @@ class DisaggCluster(ClusterBase):
     def __init__(
         self,
         env: simpy.Environment,
-        cfg: RunConfig,
+        plan: Plan,
         hasher: BlockHasher,
         recorder: Recorder,
         router_rng: np.random.Generator,
     ) -> None:
-        super().__init__(env, cfg, recorder)
+        super().__init__(env, plan, recorder)
+        cfg = plan.cfg
         topo = cfg.topology
         assert isinstance(topo, DisaggTopology)
-        engines = role_engines(cfg)
+        engines = plan.engines
         self.engines = engines
         self.prefill = self.build_pool(
             "prefill",
             engines["prefill"],
             topo.num_prefill_workers,
-            num_gpu_blocks(cfg, engines["prefill"], "prefill"),
+            plan.gpu_blocks["prefill"],
             build_step_time(cfg, engines["prefill"]),
             hasher,
             self._source_held,
@@ -81,7 +82,7 @@ class DisaggCluster(ClusterBase):
             "decode",
             engines["decode"],
             topo.num_decode_workers,
-            num_gpu_blocks(cfg, engines["decode"], "decode"),
+            plan.gpu_blocks["decode"],
             build_step_time(cfg, engines["decode"]),
             hasher,
             self._completed,
@@ -125,7 +126,7 @@ class DisaggCluster(ClusterBase):
         self.attach_router(self.prefill_router, self.prefill)
         self.routers.append(self.decode_router)
         self.link_cfg = cfg.link
-        self.kv_bytes_per_token = transfer_bytes_per_token(cfg)
+        self.kv_bytes_per_token = plan.transfer_bytes_per_token
         self.links: dict[tuple[int, int], Link] = {}
         self._accepted = 0
         # requests whose prefill is done and whose decode has not begun (waiting for KV on a

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 
 import simpy
 
-from servesim.config.derived import kv_block_bytes, kv_events_on
-from servesim.config.schema import RunConfig, VllmEngineConfig
+from servesim.config.plan import Plan
+from servesim.config.schema import VllmEngineConfig
 from servesim.kv.link import Link
 from servesim.kv.tier_pool import TierPool
 from servesim.kv.tiers import DISK, HOST, RankTiers
@@ -55,9 +55,10 @@ class TierBuilder:
     """Builds the tiers of every rank of a cluster from `kv_cache`, sharing pools and links as
     the scopes say."""
 
-    def __init__(self, env: simpy.Environment, cfg: RunConfig, recorder: Recorder) -> None:
+    def __init__(self, env: simpy.Environment, plan: Plan, recorder: Recorder) -> None:
         self.env = env
-        self.cfg = cfg
+        self.plan = plan
+        cfg = plan.cfg
         self.recorder = recorder
         self.host = cfg.kv_cache.host_offload
         self.disk = cfg.kv_cache.disk
@@ -72,7 +73,7 @@ class TierBuilder:
 
     def _pool(self, name: str, tier: str, n: int, worker: int, rank: int, order: int) -> TierPool:
         pool = TierPool(
-            self.env, name, tier, n, self.recorder, kv_events_on(self.cfg), worker, rank, order
+            self.env, name, tier, n, self.recorder, self.plan.kv_events, worker, rank, order
         )
         self.pools.append(pool)
         return pool
@@ -142,7 +143,15 @@ class TierBuilder:
                     )
                 g3, write, read = self._worker_g3[worker.name]
         tiers = RankTiers(
-            env, kv_block_bytes(self.cfg, engine), engine.block_size, g2, d2h, h2d, g3, write, read
+            env,
+            engine.block_size * self.plan.kv_bytes_per_token,  # one block, all TP shards
+            engine.block_size,
+            g2,
+            d2h,
+            h2d,
+            g3,
+            write,
+            read,
         )
         tiers.worker = worker
         tiers.rank = rank

@@ -14,7 +14,7 @@ from servesim.config import ConfigError
 
 
 def test_the_limit_is_ten_thousand_ranks():
-    from servesim.config.derived import MAX_ENGINE_RANKS
+    from servesim.config.rules import MAX_ENGINE_RANKS
 
     assert MAX_ENGINE_RANKS == 10_000
     make_config(topology={"num_workers": 10_000})
