@@ -5,8 +5,8 @@
 
 For every (GPU family, weight dtype) group of the rows servesim can describe (the same model,
 system and precision maps as experiments/accuracy.py), it chooses the nine factors of
-`servesim.timing.calibrated` (e_c, e_m, e_a, e_ar, o_p, o_d, o_seq, a_ar, o_req) that minimise the mean
-absolute log error of TTFT plus that of TPOT, by coordinate descent over bounded log grids.
+`servesim.timing.calibrated` (e_c, e_m, e_a, e_ar, o_p, o_d, o_seq, a_ar, o_req) that minimise
+the mean absolute log error of TTFT plus that of TPOT, by coordinate descent over bounded log grids.
 Running the full simulator inside the search would take hours, so it scores each row with a
 closed-loop
 steady-state estimate built from the same step-time model (below); `experiments/accuracy.py`
