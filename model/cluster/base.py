@@ -10,12 +10,12 @@ from collections.abc import Callable
 
 import simpy
 
+from servesim.cluster.tier_builder import TierBuilder
 from servesim.config.plan import Plan
 from servesim.config.schema import RunConfig, VllmEngineConfig
 from servesim.engine.vllm import VllmScheduler
 from servesim.engine.worker import Worker
 from servesim.kv.group_pool import choose_pool
-from servesim.kv.tier_builder import TierBuilder
 from servesim.metrics.recorder import COMPLETED, REJECTED, Recorder
 from servesim.router import KvRouter, Router
 from servesim.timing import frontend_latency_ms

@@ -36,16 +36,14 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from heapq import merge
 from itertools import islice, repeat
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from servesim.config.schema import VllmEngineConfig
 from servesim.kv.block_pool import count_in, count_out
 from servesim.kv.group_pool import Pool
+from servesim.kv.tiers import RankTiers
 from servesim.workload.hashing import BlockHasher
 from servesim.workload.request import Request, Status
-
-if TYPE_CHECKING:
-    from servesim.kv.tiers import RankTiers
 
 OK = 0
 BLOCKED = -1

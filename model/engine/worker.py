@@ -119,16 +119,37 @@ class DecodeTable:
 
 
 class Rank:
-    """One attention-DP rank of a worker: its scheduler, its KV pool, its name."""
+    """One attention-DP rank of a worker: its scheduler, its KV pool, its name. It is what the
+    rank's KV tiers act on (servesim.kv.tiers.TierOwner): through its worker, between passes."""
 
-    __slots__ = ("dp_rank", "scheduler", "pool", "name", "kv_level")
+    __slots__ = ("dp_rank", "scheduler", "pool", "name", "kv_level", "worker")
 
-    def __init__(self, dp_rank: int, scheduler: VllmScheduler, name: str) -> None:
+    def __init__(self, dp_rank: int, scheduler: VllmScheduler, name: str, worker: Worker) -> None:
         self.dp_rank = dp_rank
         self.scheduler = scheduler
         self.pool: Pool = scheduler.pool
         self.name = name
         self.kv_level = (-1, -1)
+        self.worker = worker
+
+    @property
+    def order(self) -> int:
+        return self.worker.order
+
+    def apply(self, command: Callable[[], None]) -> None:
+        self.worker.apply(command)
+
+    def copy_landed(self, command: Callable[[], None]) -> None:
+        self.worker.copy_landed(command)
+
+    def sample_kv(self) -> None:
+        self.worker.sample_kv()
+
+    def wake(self) -> None:
+        self.worker.wake()
+
+    def has_deferred(self) -> bool:
+        return bool(self.scheduler.deferred)
 
 
 class Worker:
@@ -158,7 +179,7 @@ class Worker:
         self.name = name or f"cluster.w{idx}"
         multi = len(schedulers) > 1
         self.ranks = [
-            Rank(k, s, f"{self.name}.r{k}" if multi else self.name)
+            Rank(k, s, f"{self.name}.r{k}" if multi else self.name, self)
             for k, s in enumerate(schedulers)
         ]
         self.step_time = step_time

@@ -40,18 +40,41 @@ events.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import simpy
 
+from servesim.kv.group_pool import Pool
 from servesim.kv.link import Link
 from servesim.kv.tier_pool import TierPool
 from servesim.workload.dynamo_ids import dynamo_sequence_hashes
 from servesim.workload.request import Request
 
-if TYPE_CHECKING:
-    from servesim.engine.vllm import Batch
-    from servesim.engine.worker import Rank, Worker
+
+class TierOwner(Protocol):
+    """The engine side of a rank's tiers (servesim.engine.worker.Rank is one): its worker runs
+    every change to the engine, now between passes or at the end of the pass in flight."""
+
+    @property
+    def order(self) -> int:
+        """The worker's place in the cluster (links count copies by worker)."""
+        ...
+
+    def apply(self, command: Callable[[], None]) -> None: ...
+    def copy_landed(self, command: Callable[[], None]) -> None: ...
+    def sample_kv(self) -> None: ...
+    def wake(self) -> None: ...
+    def has_deferred(self) -> bool:
+        """Whether requests wait set aside for blocks on their way."""
+        ...
+
+
+class FormedPass(Protocol):
+    """What the tiers read of a pass the scheduler formed (servesim.engine.vllm.Batch)."""
+
+    items: list[tuple[Request, int, int, int]]
+    stores: list[tuple[Request, list[int], list[Any]]]
+
 
 HOST = "host"
 DISK = "disk"
@@ -60,7 +83,7 @@ RESTAGE_LIMIT = 64  # G3 blocks a request may stage again after losing them, bef
 
 class RankTiers:
     """What one scheduler rank offloads to: its G2 pool (own or shared), G3 if configured, and
-    the links between them. The rank's worker runs every change to its engine (`Worker.apply`)."""
+    the links between them. The rank's worker runs every change to its engine (`owner.apply`)."""
 
     def __init__(
         self,
@@ -83,8 +106,8 @@ class RankTiers:
         self.g3 = g3
         self.g2_to_g3 = g2_to_g3
         self.g3_to_g2 = g3_to_g2
-        self.worker: Worker | None = None
-        self.rank: Rank | None = None
+        self.owner: TierOwner | None = None  # set by the builder, with the rank's G1 pool
+        self.g1: Pool | None = None
         # G1 blocks a store to G2 is reading -> the landing of the latest such store
         self.store_of: dict[Any, simpy.Event] = {}
         # G3 blocks staged into G2 by a request's lookup (by request index), until it loads,
@@ -94,21 +117,21 @@ class RankTiers:
 
     def blocks_arrived(self) -> None:
         """Blocks landed in G2: a request deferred until they did may be admitted now."""
-        assert self.rank is not None and self.worker is not None
-        if self.rank.scheduler.deferred:
-            self.worker.wake()
+        assert self.owner is not None
+        if self.owner.has_deferred():
+            self.owner.wake()
 
     # ------------------------------------------------------------------ G1 -> G2 (-> G3)
 
-    def prepare_stores(self, batch: Batch) -> None:
+    def prepare_stores(self, batch: FormedPass) -> None:
         """Once a pass is formed: the prompt blocks it completes for each request (since its
         last store; the cursor is kept across preemptions) get room in G2 for what G2 lacks of
         them, their G1 blocks pinned, and the copy joins the pass's `stores` (started at its
         end). When G2 has no room for them all, or one of them was taken this pass from under
         a copy still in flight, nothing is copied and a later pass tries again."""
         bs = self.block_size
-        assert self.rank is not None
-        fenced = self.rank.pool.fenced_blocks
+        assert self.g1 is not None
+        fenced = self.g1.fenced_blocks
         for req, _n, _p, _b in batch.items:  # one item per request
             n_full = min(req.num_computed_tokens, req.input_length) // bs
             if n_full > req.host_cursor:
@@ -121,13 +144,13 @@ class RankTiers:
     def _copy(self, link: Link, request_id: str, n_blocks: int, kind: str) -> simpy.Event:
         """Start a copy of `n_blocks` blocks on `link` (one row of the transfers table); the
         event fires when they have arrived."""
-        assert self.worker is not None
+        assert self.owner is not None
         return link.submit(
             request_id,
             n_blocks * self.block_bytes,
             n_blocks * self.block_size,
             kind,
-            self.worker.order,
+            self.owner.order,
         )
 
     def _still_read(self, req: Request, positions: list[int], n_full: int) -> bool:
@@ -169,11 +192,11 @@ class RankTiers:
         self.g2.touch(req.prompt_hashes)  # a store refreshes the whole prompt's blocks
         wanted = set(admitted)
         g1_keys = [req.held_hashes[j] for j in range(start, n_full) if keys[j - start] in wanted]
-        assert self.rank is not None
-        self.rank.pool.pin(g1_keys)
+        assert self.g1 is not None
+        self.g1.pin(g1_keys)
         return req, admitted, g1_keys
 
-    def store_pass(self, batch: Batch) -> None:
+    def store_pass(self, batch: FormedPass) -> None:
         """At a pass end (before finished requests let go of their blocks): start the copies
         to G2 the pass prepared."""
         for req, admitted, g1_keys in batch.stores:
@@ -181,9 +204,9 @@ class RankTiers:
 
     def _store(self, req: Request, admitted: list[int], g1_keys: list[Any]) -> None:
         """Copy `req`'s prompt blocks `admitted` (G1 blocks `g1_keys`, pinned) to G2."""
-        assert self.rank is not None and self.worker is not None
-        pool = self.rank.pool
-        worker = self.worker
+        assert self.g1 is not None and self.owner is not None
+        pool = self.g1
+        worker = self.owner
         store_of = self.store_of
         done = self._copy(self.d2h, req.request_id, len(admitted), "d2h")
 
@@ -331,8 +354,8 @@ class RankTiers:
         return run
 
     def _stage(self, req: Request, keys: list[int]):  # type: ignore[no-untyped-def]
-        assert self.worker is not None and self.g3 is not None and self.g3_to_g2 is not None
-        worker = self.worker
+        assert self.owner is not None and self.g3 is not None and self.g3_to_g2 is not None
+        worker = self.owner
         yield self._copy(self.g3_to_g2, req.request_id, len(keys), "g3_to_g2")
         g2 = self.g2
         g3 = self.g3
@@ -372,8 +395,8 @@ class RankTiers:
 
     def g1_changed(self) -> None:
         """The rank's G1 pool changed outside a pass (blocks taken for a load): record it."""
-        assert self.worker is not None
-        self.worker.sample_kv()
+        assert self.owner is not None
+        self.owner.sample_kv()
 
     def _load(
         self,
@@ -382,8 +405,8 @@ class RankTiers:
         landed: Callable[[], None],
         fences: list[simpy.Event],
     ):  # type: ignore[no-untyped-def]
-        assert self.worker is not None
-        worker = self.worker
+        assert self.owner is not None
+        worker = self.owner
         fences = [f for f in fences if not f.processed]
         if fences:
             yield self.env.all_of(fences)

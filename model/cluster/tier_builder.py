@@ -5,19 +5,16 @@ and its links shared by every rank, as `kv_cache`'s scopes say.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import simpy
 
 from servesim.config.plan import Plan
 from servesim.config.schema import VllmEngineConfig
+from servesim.engine.worker import Rank, Worker
 from servesim.kv.link import Link
 from servesim.kv.tier_pool import TierPool
 from servesim.kv.tiers import DISK, HOST, RankTiers
 from servesim.metrics.recorder import Recorder
-
-if TYPE_CHECKING:
-    from servesim.engine.worker import Rank, Worker
 
 
 def _link(
@@ -153,8 +150,8 @@ class TierBuilder:
             write,
             read,
         )
-        tiers.worker = worker
-        tiers.rank = rank
+        tiers.owner = rank
+        tiers.g1 = rank.pool
         g2.readers.append(tiers)
         if g3 is not None:  # (a block landing in G3 may end a lookup's wait for it)
             g3.readers.append(tiers)
