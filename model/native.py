@@ -48,6 +48,7 @@ MODULES = (
     "servesim.cluster.aggregated",
     "servesim.cluster.disagg",
     "servesim.cluster.handoff",
+    "servesim.cluster.reservation",
     "servesim.kv.link",
     "servesim.router.base",
     "servesim.router.round_robin",

@@ -83,8 +83,6 @@ class ClusterBase:
         step_time: StepTime,
         hasher: BlockHasher,
         on_complete: Callable[[Request], None],
-        after_pass: Callable[[Worker], None] | None = None,
-        pass_end_pending: Callable[[Worker], bool] | None = None,
         name: str = "w",
     ) -> list[Worker]:
         """`n_workers` workers of `engine`, each with `dp_size` ranks of `n_blocks` blocks."""
@@ -114,8 +112,6 @@ class ClusterBase:
                 self.horizon,
                 engine.fast_forward,
                 name=f"cluster.{name}{k}",
-                after_pass=after_pass,
-                pass_end_pending=pass_end_pending,
                 role=role,
                 order=first + k,
             )

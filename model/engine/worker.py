@@ -28,12 +28,12 @@ from collections.abc import Callable, Generator
 from functools import partial
 from itertools import groupby
 from operator import itemgetter
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import numpy as np
 import simpy
 
-from servesim.clock import PASS_END, PASS_START, PREFILL_NEXT_PASS, at_time
+from servesim.clock import PASS_END, PASS_START, PREFILL_NEXT_PASS, TRANSFER_END, at_time, fire
 from servesim.engine.vllm import Batch, Stretch, VllmScheduler
 from servesim.kv.group_pool import Pool
 from servesim.metrics.recorder import Recorder
@@ -118,6 +118,24 @@ class DecodeTable:
         return self.values[at]
 
 
+class KvWaiter(Protocol):
+    """Requests waiting for KV on a worker's rank, tried between its passes (a P/D decode
+    rank's reservations: servesim.cluster.reservation.Reservations)."""
+
+    def may_proceed(self) -> bool:
+        """Whether a try at the next pass end may succeed (then that pass end must happen in
+        the event loop, at its time: no looking past it)."""
+        ...
+
+    def pass_ended(self) -> None:
+        """The worker's pass ended (now): one try."""
+        ...
+
+    def blocks_freed(self, at_pass_end: bool) -> None:
+        """A copy out of G1 gave blocks back between passes (now): one try."""
+        ...
+
+
 class Rank:
     """One attention-DP rank of a worker: its scheduler, its KV pool, its name. It is what the
     rank's KV tiers act on (servesim.kv.tiers.TierOwner): through its worker, between passes."""
@@ -169,8 +187,6 @@ class Worker:
         horizon: Callable[[], float] | None = None,
         fast_forward: bool = True,
         name: str | None = None,
-        after_pass: Callable[[Worker], None] | None = None,
-        pass_end_pending: Callable[[Worker], bool] | None = None,
         role: str = "aggregated",
         order: int | None = None,
     ) -> None:
@@ -209,10 +225,8 @@ class Worker:
         self.end_phase = PASS_END + self.order / (num_workers + 1)
         self.horizon = horizon if horizon is not None else env.peek
         self.fast_forward = fast_forward
-        self.after_pass = after_pass
-        # whether `after_pass` may act at the next pass end (then that pass end must happen in
-        # the event loop, at its time: no chaining past it)
-        self.pass_end_pending = pass_end_pending
+        # what waits for KV on its ranks, tried at each pass end (P/D decode reservations)
+        self.kv_waiters: list[KvWaiter] = []
         # mid-pass, the engine's state is the pass's: commands from outside (a KV transfer
         # landing, a source to release) wait for the pass end
         self.busy = False
@@ -220,9 +234,6 @@ class Worker:
         # copies out of G1 that landed mid-pass: applied first at the pass end
         self._landed: list[Callable[[], None]] = []
         self.last_end_ms = -1.0  # when its last pass ended
-        # called between passes when blocks were given back outside a pass (a tier copy
-        # landed); a P/D decode worker retries its reservations there
-        self.on_kv_freed: Callable[[Worker], None] | None = None
         # called at a request's first token (a KV router's load view), and once a pass end's
         # first tokens, completions and rejections have all been delivered
         self.on_first_token: Callable[[Request], None] | None = None
@@ -259,6 +270,17 @@ class Worker:
         else:
             command()
 
+    def between_passes(self, command: Callable[[], None]) -> simpy.Event:
+        """`apply(command)`; the event fires once it has run (in the transfers' phase)."""
+        done = self.env.event()
+
+        def run() -> None:
+            command()
+            fire(self.env, done, TRANSFER_END)
+
+        self.apply(run)
+        return done
+
     def sample_kv(self) -> None:
         """Record KV levels and publish KV events now, after a change made between passes (a
         reservation, a transfer landing, a released source)."""
@@ -282,8 +304,9 @@ class Worker:
             return
         command()
         self.sample_kv()
-        if self.on_kv_freed is not None:
-            self.on_kv_freed(self)
+        at_pass_end = self.last_end_ms == self.env.now
+        for waiter in self.kv_waiters:
+            waiter.blocks_freed(at_pass_end)
         self.wake()
 
     def next_end_bound(self) -> float:
@@ -319,9 +342,7 @@ class Worker:
             t = env.now
             horizon = self.horizon()  # nothing can reach this worker before then
             while True:
-                chain = self.fast_forward and not (
-                    self.pass_end_pending is not None and self.pass_end_pending(self)
-                )
+                chain = self.fast_forward and not self._waiter_may_proceed()
                 if single is not None and chain:
                     stretch = single.decode_stretch(partial(self._decode_ends, t, horizon))
                     if stretch is not None:
@@ -368,9 +389,7 @@ class Worker:
                     else max(self._end_of(b, t) for b in batches)
                 )
                 # (planning this pass may itself have freed capacity, by preempting)
-                chain = self.fast_forward and not (
-                    self.pass_end_pending is not None and self.pass_end_pending(self)
-                )
+                chain = self.fast_forward and not self._waiter_may_proceed()
                 if end >= horizon or not chain:
                     # something may happen before this pass ends (or the run may stop):
                     # apply it at its end, as it comes
@@ -384,6 +403,10 @@ class Worker:
                     self._end_pass(done, batches)
                     break
                 t = end  # chain the next pass
+
+    def _waiter_may_proceed(self) -> bool:
+        waiters = self.kv_waiters
+        return bool(waiters) and any(w.may_proceed() for w in waiters)
 
     def _wait_for_fences(
         self, batches: list[Batch], busy: bool
@@ -571,8 +594,8 @@ class Worker:
             self.on_complete(req)
         if self.on_signals_done is not None:
             self.on_signals_done()
-        if self.after_pass is not None:
-            self.after_pass(self)
+        for waiter in self.kv_waiters:
+            waiter.pass_ended()
         while self._deferred:
             self._deferred.pop(0)()
 
