@@ -36,7 +36,10 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 # what a replay spends its time in (docs/performance.md); a class compiled here can only be
 # subclassed by another compiled class, so ClusterBase's subclasses come with it
 MODULES = (
+    "servesim.engine.batch",
+    "servesim.engine.scheduler_base",
     "servesim.engine.vllm",
+    "servesim.speed.stretch",
     "servesim.engine.worker",
     "servesim.kv.block_pool",
     "servesim.kv.group_pool",

@@ -13,7 +13,7 @@ import simpy
 from servesim.cluster.tier_builder import TierBuilder
 from servesim.config.plan import Plan
 from servesim.config.schema import RunConfig, VllmEngineConfig
-from servesim.engine.vllm import VllmScheduler
+from servesim.engine.registry import scheduler_class
 from servesim.engine.worker import Worker
 from servesim.kv.group_pool import choose_pool
 from servesim.metrics.recorder import COMPLETED, REJECTED, Recorder
@@ -89,9 +89,10 @@ class ClusterBase:
         first = len(self.workers)
         pool = []
         group = self.group_blocks(engine)
+        policy = scheduler_class(engine.kind)
         for k in range(n_workers):
             scheds = [
-                VllmScheduler(
+                policy(
                     engine,
                     choose_pool(n_blocks, engine.enable_prefix_caching, self.plan.kv_events, group),
                     hasher,

@@ -15,7 +15,11 @@ from servesim.config.base import NonNegFloat, PositiveFloat, Schema
 class VllmEngineConfig(Schema):
     """vLLM v1-style continuous batching (the Dynamo mocker's `vllm` backend)."""
 
-    kind: Literal["vllm"] = "vllm"
+    kind: str = Field(
+        "vllm",
+        description="the scheduler policy, by its name in the registry "
+        "(servesim.engine.registry); vllm is the shipped one",
+    )
     block_size: int = Field(64, ge=2)
     num_gpu_blocks: int | None = Field(
         None,

@@ -34,9 +34,12 @@ import numpy as np
 import simpy
 
 from servesim.clock import PASS_END, PASS_START, PREFILL_NEXT_PASS, TRANSFER_END, at_time, fire
-from servesim.engine.vllm import Batch, Stretch, VllmScheduler
+from servesim.engine.batch import Batch
+from servesim.engine.scheduler import Scheduler
+from servesim.engine.vllm import VllmScheduler
 from servesim.kv.group_pool import Pool
 from servesim.metrics.recorder import Recorder
+from servesim.speed.stretch import Stretch, decode_stretch, stretches_apply
 from servesim.timing.base import StepTime, whole_ns, whole_ns_array
 from servesim.workload.request import Request
 
@@ -142,7 +145,7 @@ class Rank:
 
     __slots__ = ("dp_rank", "scheduler", "pool", "name", "kv_level", "worker")
 
-    def __init__(self, dp_rank: int, scheduler: VllmScheduler, name: str, worker: Worker) -> None:
+    def __init__(self, dp_rank: int, scheduler: Scheduler, name: str, worker: Worker) -> None:
         self.dp_rank = dp_rank
         self.scheduler = scheduler
         self.pool: Pool = scheduler.pool
@@ -178,7 +181,7 @@ class Worker:
         self,
         env: simpy.Environment,
         idx: int,
-        schedulers: list[VllmScheduler],
+        schedulers: list[Scheduler],
         step_time: StepTime,
         recorder: Recorder,
         on_complete: Callable[[Request], None],
@@ -225,6 +228,12 @@ class Worker:
         self.end_phase = PASS_END + self.order / (num_workers + 1)
         self.horizon = horizon if horizon is not None else env.peek
         self.fast_forward = fast_forward
+        # decode stretches stand in for passes of the shipped vLLM policy only (one rank)
+        self.stretch_scheduler = (
+            first
+            if len(schedulers) == 1 and isinstance(first, VllmScheduler) and stretches_apply(first)
+            else None
+        )
         # what waits for KV on its ranks, tried at each pass end (P/D decode reservations)
         self.kv_waiters: list[KvWaiter] = []
         # mid-pass, the engine's state is the pass's: commands from outside (a KV transfer
@@ -243,7 +252,7 @@ class Worker:
         self.process = env.process(self.run())
 
     @property
-    def scheduler(self) -> VllmScheduler:
+    def scheduler(self) -> Scheduler:
         """The scheduler of rank 0 (the only one without attention DP)."""
         return self.ranks[0].scheduler
 
@@ -323,6 +332,7 @@ class Worker:
         env = self.env
         ranks = self.ranks
         single = ranks[0].scheduler if len(ranks) == 1 else None
+        stretcher = self.stretch_scheduler if self.fast_forward else None
         # a prefill worker with work left at its pass end starts the next pass at once, before
         # the arrivals of that instant (Dynamo's P/D replay); other workers let them join it
         next_pass_at_once = self.role == "prefill"
@@ -343,8 +353,8 @@ class Worker:
             horizon = self.horizon()  # nothing can reach this worker before then
             while True:
                 chain = self.fast_forward and not self._waiter_may_proceed()
-                if single is not None and chain:
-                    stretch = single.decode_stretch(partial(self._decode_ends, t, horizon))
+                if stretcher is not None and chain:
+                    stretch = decode_stretch(stretcher, partial(self._decode_ends, t, horizon))
                     if stretch is not None:
                         self._record_stretch(t, stretch)
                         t = stretch.ends[-1]

@@ -1,0 +1,283 @@
+"""Decode stretches: runs of passes that only decode, applied at once by a vLLM scheduler rank.
+
+Part of the speed layer (servesim.speed): with it off (`speed=off`), every pass goes through
+`schedule` and `finish`; tests/property/test_fast_forward_equivalence.py shows both give the
+same tables.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable, Iterator
+from heapq import merge
+from itertools import islice, repeat
+
+from servesim.engine.vllm import VllmScheduler
+from servesim.workload.request import Request
+
+
+class Stretch:
+    """Decode passes applied at once: their end times, the decoding sequences, the pool's
+    active blocks before them; the pool levels after each pass that allocated, as (pass,
+    active, cached); the pass of each KV event the stretch buffered, in order; the requests
+    its last pass completed (delivered at its end)."""
+
+    __slots__ = ("ends", "n_decode", "active_before", "levels", "event_passes", "done")
+
+    def __init__(self, ends: array[float], n_decode: int, active_before: int) -> None:
+        self.ends = ends
+        self.n_decode = n_decode
+        self.active_before = active_before
+        self.levels: list[tuple[int, int, int]] = []
+        self.event_passes: list[int] = []
+        self.done: list[Request] = []
+
+
+def decode_stretch(
+    sched: VllmScheduler, decode_ends: Callable[[int, int, int], array[float]]
+) -> Stretch | None:
+    """Fast-forward passes that only decode and change nothing but counters and blocks.
+
+    When nothing waits (or the head of the queue waits for a completion: `_head_waits`)
+    and every running request is one decode token short, the next
+    passes are all alike until a request completes or an allocation fails: each computes
+    one token per request and lasts the decode time of `n` sequences whose lengths sum to
+    one more token each pass. `decode_ends(n, sum of sequence lengths, k)` gives the end
+    times of up to `k` such passes, as many as end before the worker's horizon. This
+    applies them exactly as pass-by-pass scheduling would: blocks a pass needs are
+    allocated (evicting cached blocks as it would), blocks that become full are registered:
+    pass by pass in running order when the pool records KV events, in bulk otherwise (the
+    same end state and levels). The stretch ends with the first pass that completes a
+    request, whose completions it applies as `finish` does (`Stretch.done`; with KV tiers,
+    whose copies are stored at pass ends, that pass is left to `schedule`); the pass whose
+    block allocation would fail (a preemption) is left to `schedule`. Returns None when no
+    pass qualifies.
+    """
+    running = sched.running
+    n = len(running)
+    if sched.loaded or n == 0 or n > sched.cfg.max_num_batched_tokens:
+        return None
+    if sched.waiting and not _head_waits(sched):
+        return None
+    last = running[-1]
+    if last.num_computed_tokens < last.input_length:
+        return None  # the newest admission is still in prefill (checked first: often so)
+    bs = sched.block_size
+    max_len = sched.cfg.max_model_len
+    k_max = 1 << 62
+    sum_ctx = 0
+    for r in running:
+        c = r.num_computed_tokens
+        p = r.input_length
+        out = r.num_output_tokens
+        seq = p + out
+        if c < p or seq - c != 1:
+            return None
+        # passes up to the one that emits its last token (compared inline: this loop
+        # runs for every running request at every pass the event loop plans)
+        k = r.output_length - out
+        if k < k_max:
+            k_max = k
+        if max_len is not None and max_len - seq < k_max:
+            k_max = max_len - seq
+        sum_ctx += seq
+    completing = k_max  # the pass, counted from 1, that completes a request
+    if sched.tiers is not None:  # (that pass stores tier copies: `schedule` forms it)
+        k_max -= 1
+        completing = 0
+    if k_max <= 0:
+        return None
+    pool = sched.pool
+    free = pool.free_blocks
+    # the block allocations those passes make, as (pass, running order): a request needs
+    # a fresh block when its next token starts one. Nothing frees a block during the
+    # stretch: the allocation past the free blocks would fail, and its pass preempts
+    if n * (k_max // bs + 1) <= 4 * (free + 1):
+        allocs: list[tuple[int, int]] = []
+        for order, r in enumerate(running):
+            i = (len(r.held_hashes) + r.held_private_blocks) * bs - r.num_computed_tokens
+            while i < k_max:
+                allocs.append((i, order))
+                i += bs
+        if len(allocs) > free:
+            allocs.sort()
+    else:  # very long outputs: only the first free + 1 allocations matter (a pool's worth)
+        allocs = list(
+            islice(
+                merge(*[_allocations(sched, r, order, k_max) for order, r in enumerate(running)]),
+                free + 1,
+            )
+        )
+    if len(allocs) > free:
+        k_max = allocs[free][0]
+        if k_max == 0:
+            return None
+    ends = decode_ends(n, sum_ctx, k_max)
+    k = len(ends)
+    if k == 0:
+        return None
+    stretch = Stretch(ends, n, pool.n_active)
+    caching = pool.enable_caching
+    allocs = [a for a in allocs if a[0] < k]
+    # per request in running order, its computed tokens before the stretch and the blocks
+    # that become full during it
+    full: list[tuple[int, range]] = []
+    for r in running:
+        c0 = r.num_computed_tokens
+        r.num_computed_tokens = c0 + k
+        out0 = r.num_output_tokens
+        r.num_output_tokens = out0 + k
+        if out0 == 1:
+            r.second_token_ms = ends[0]
+        r.last_token_ms = ends[-1]
+        times = r.token_times_ms
+        if times is not None:
+            times.extend(ends)
+        full.append((c0, range(c0 // bs, (c0 + k) // bs) if caching else range(0)))
+    if pool.record_events:
+        _stretch_pass_by_pass(sched, stretch, allocs, full)
+    else:
+        _stretch_in_bulk(sched, stretch, allocs, full)
+    if k == completing:
+        stretch.done = _complete_decoded(sched)
+    return stretch
+
+
+def _allocations(
+    sched: VllmScheduler, r: Request, order: int, k_max: int
+) -> Iterator[tuple[int, int]]:
+    """The (pass, `order`) of each block allocation `r` makes in the next `k_max` decode
+    passes, in pass order."""
+    bs = sched.block_size
+    first = (len(r.held_hashes) + r.held_private_blocks) * bs - r.num_computed_tokens
+    return zip(range(first, k_max, bs), repeat(order))
+
+
+def _head_waits(sched: VllmScheduler) -> bool:
+    """Whether the head of the waiting queue waits for a completion: while only running
+    requests decode, `_admit` would neither admit it nor reject it, in any pass before
+    the next completion. So it is when the running set is full, or when the blocks it
+    needs beyond its active prefix exceed the free ones: decoding only takes free blocks
+    (and may evict part of its cached prefix, which only adds to what it needs), and
+    nothing frees one before a completion."""
+    if sched.pending_reservations or sched.tiers is not None:
+        return False
+    if len(sched.running) >= sched.cfg.max_num_seqs:
+        return True
+    req = sched.waiting[0]
+    if req.materialized or (req.n_admissions == 0 and sched._never_fits(req)):
+        return False
+    _hashes, _hit, hit_active = sched._prefix_hit(req)
+    blocks = -(-req.seq_len // sched.block_size)
+    pool = sched.pool
+    return blocks - hit_active > pool.free_blocks and blocks <= pool.capacity_blocks
+
+
+def _complete_decoded(sched: VllmScheduler) -> list[Request]:
+    """After a pass in which only running requests decoded: those that emitted their last
+    token release their blocks, in running order, and leave (as in `finish`)."""
+    max_len = sched.cfg.max_model_len
+    done = [
+        r
+        for r in sched.running
+        if r.num_output_tokens >= r.output_length
+        or (max_len is not None and r.input_length + r.num_output_tokens >= max_len)
+    ]
+    sched._leave(done)
+    return done
+
+
+def _stretch_in_bulk(
+    sched: VllmScheduler,
+    stretch: Stretch,
+    allocs: list[tuple[int, int]],
+    full: list[tuple[int, range]],
+) -> None:
+    """A stretch's blocks when the pool records no KV events: each request's allocations at
+    once, then its full blocks registered at once. Nothing frees a block during a stretch,
+    so the same blocks are evicted, in the same order, as pass by pass; the pool levels
+    after each allocating pass follow from the counts (an allocation evicts one cached
+    block once the empty ones are used up)."""
+    pool = sched.pool
+    running = sched.running
+    if allocs:
+        empty = pool.n_empty
+        active, cached = pool.n_active, pool.n_cached
+        counts = [0] * len(running)
+        for _i, order in allocs:
+            counts[order] += 1
+        for order, c in enumerate(counts):
+            if c:
+                pool.allocate(running[order], c)  # fits: counted against the free blocks
+        allocs.sort()
+        levels = stretch.levels
+        for taken, (i, _order) in enumerate(allocs, start=1):
+            if levels and levels[-1][0] == i:
+                levels.pop()
+            levels.append((i, active + taken, cached - max(0, taken - empty)))
+    for r, (_c0, js) in zip(running, full, strict=True):
+        if js:
+            pool.register_many(r, [sched._block_hash(r, j) for j in js])
+
+
+def _stretch_pass_by_pass(
+    sched: VllmScheduler,
+    stretch: Stretch,
+    allocs: list[tuple[int, int]],
+    full: list[tuple[int, range]],
+) -> None:
+    """A stretch's blocks allocated and registered pass by pass, in running order within a
+    pass (allocations first), so the pool's KV events come in the stepped order."""
+    pool = sched.pool
+    running = sched.running
+    bs = sched.block_size
+    ops = [(i, order, 0, 0) for i, order in allocs]
+    for order, (c0, js) in enumerate(full):
+        # block j is full once the pass computing its last token ends
+        ops.extend([((j + 1) * bs - c0 - 1, order, 1, j) for j in js])
+    if not ops:
+        return
+    ops.sort()
+    events = pool.pending_events
+    seen = len(events)
+    levels = stretch.levels
+    passes = stretch.event_passes
+    for i, order, kind, j in ops:
+        r = running[order]
+        if kind == 0:
+            pool.allocate(r, 1)  # fits: counted against the free blocks
+            if levels and levels[-1][0] == i:
+                levels.pop()
+            levels.append((i, pool.n_active, pool.n_cached))
+        else:
+            pool.register(r, sched._block_hash(r, j))
+        events = pool.pending_events
+        if len(events) > seen:
+            passes.extend([i] * (len(events) - seen))
+            seen = len(events)
+
+
+# the methods of the shipped policy as it was imported: a stretch stands in for exactly these
+_SHIPPED = {
+    (cls.__name__, name): value
+    for cls in VllmScheduler.__mro__[:-1]
+    for name, value in vars(cls).items()
+    if callable(value)
+}
+
+
+def replaced_methods() -> list[str]:
+    """The shipped policy's methods replaced since import (a notebook's patch), as
+    `Class.method`."""
+    return sorted(
+        f"{cls}.{name}"
+        for (cls, name), value in _SHIPPED.items()
+        if vars(next(c for c in VllmScheduler.__mro__ if c.__name__ == cls)).get(name) is not value
+    )
+
+
+def stretches_apply(sched: object) -> bool:
+    """Whether decode stretches may stand in for `sched`'s passes: only for the shipped vLLM
+    policy as shipped. Another policy (a subclass, or a patched method) decides each pass its
+    own way, so each of its passes goes through `schedule`."""
+    return type(sched) is VllmScheduler and not replaced_methods()
