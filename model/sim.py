@@ -8,9 +8,7 @@ No Hydra here.
 from __future__ import annotations
 
 import contextlib
-import gc
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +32,7 @@ from servesim.config.schema import (
 from servesim.metrics.recorder import INCOMPLETE, Recorder
 from servesim.outcome import Result, collect
 from servesim.parallel import Part, part_of, plan_processes, rank_stats, rows_of, run_parts
+from servesim.speed.gc import fewer_gc_passes
 from servesim.workload.agentic import AgenticGraph
 from servesim.workload.build import (
     StreamedWorkload,
@@ -55,35 +54,6 @@ def random_streams(seed: int) -> dict[str, np.random.Generator]:
     return {name: np.random.default_rng(s) for name, s in zip(STREAMS, children, strict=True)}
 
 
-# young collections this many container allocations apart during the event loop (CPython's
-# default is 700)
-GC_YOUNG_THRESHOLD = 10_000
-
-
-@contextlib.contextmanager
-def fewer_gc_passes() -> Iterator[None]:
-    """Run the event loop with the cyclic garbage collector paced for it, and restore it after.
-
-    The loop allocates many small containers (block lists, tuples, events) that live until
-    their request ends and almost never form reference cycles (about one collectable object
-    per request on the conversation trace). With CPython's defaults the collector rescans them
-    every 700 allocations, about a tenth of a replay's time. Here everything made before the
-    loop (the config, libraries, the trace's first rows) is frozen out of collection
-    (`gc.freeze`), unless the caller froze objects itself, and young collections are
-    `GC_YOUNG_THRESHOLD` allocations apart; the collector stays on."""
-    threshold = gc.get_threshold()
-    freeze = gc.get_freeze_count() == 0
-    if freeze:
-        gc.freeze()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, *threshold[1:])
-    try:
-        yield
-    finally:
-        gc.set_threshold(*threshold)
-        if freeze:
-            gc.unfreeze()
-
-
 def _run(
     env: simpy.Environment,
     cluster: ClusterBase,
@@ -93,7 +63,7 @@ def _run(
     show_progress: bool = True,
 ) -> None:
     """Run to the end (or the stop time; or until `finished`, an agentic profile's end)."""
-    with fewer_gc_passes():
+    with fewer_gc_passes() if cfg.speed.gc_tuning else contextlib.nullcontext():
         _run_loop(env, cluster, total, cfg, finished, show_progress)
 
 

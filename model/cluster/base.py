@@ -18,6 +18,7 @@ from servesim.engine.worker import Worker
 from servesim.kv.group_pool import choose_pool
 from servesim.metrics.recorder import COMPLETED, REJECTED, Recorder
 from servesim.router import KvRouter, Router
+from servesim.speed.fast_worker import FastWorker
 from servesim.timing import frontend_latency_ms
 from servesim.timing.base import StepTime
 from servesim.workload.hashing import BlockHasher
@@ -84,11 +85,17 @@ class ClusterBase:
         hasher: BlockHasher,
         on_complete: Callable[[Request], None],
         name: str = "w",
+        horizon: Callable[[], float] | None = None,
     ) -> list[Worker]:
-        """`n_workers` workers of `engine`, each with `dp_size` ranks of `n_blocks` blocks."""
+        """`n_workers` workers of `engine`, each with `dp_size` ranks of `n_blocks` blocks.
+
+        With the speed layer's fast-forward on (and no KV tiers: their copies start and land at
+        pass boundaries, so every pass is stepped), each is a FastWorker looking ahead to
+        `horizon` (default: the earliest time a request could reach any worker)."""
         first = len(self.workers)
         pool = []
-        group = self.group_blocks(engine)
+        group = self.group_blocks(engine) if self.cfg.speed.grouped_pool else 1
+        fast = self.cfg.speed.fast_forward and not self.tiers.enabled
         policy = scheduler_class(engine.kind)
         for k in range(n_workers):
             scheds = [
@@ -101,26 +108,16 @@ class ClusterBase:
                 )
                 for _ in range(engine.dp_size)
             ]
-            worker = Worker(
-                self.env,
-                k,
-                scheds,
-                step_time,
-                self.recorder,
-                on_complete,
-                self._rejected,
-                total_workers(self.cfg),
-                self.horizon,
-                engine.fast_forward,
-                name=f"cluster.{name}{k}",
-                role=role,
-                order=first + k,
+            args = (self.env, k, scheds, step_time, self.recorder, on_complete, self._rejected)
+            n, worker_name, order = total_workers(self.cfg), f"cluster.{name}{k}", first + k
+            worker = (
+                FastWorker(*args, n, worker_name, role, order, horizon or self.horizon)
+                if fast
+                else Worker(*args, n, worker_name, role, order)
             )
             if self.tiers.enabled:
                 for rank in worker.ranks:
                     rank.scheduler.tiers = self.tiers.for_rank(worker, rank, engine)
-                # tier copies start and land at pass boundaries: step every pass
-                worker.fast_forward = False
             pool.append(worker)
         self.workers.extend(pool)
         return pool

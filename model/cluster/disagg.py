@@ -65,6 +65,7 @@ class DisaggCluster(ClusterBase):
             hasher,
             self._completed,
             name="d",
+            horizon=self.decode_horizon,
         )
         # requests reserved on a decode rank whose transfer is not on its link yet
         self.awaiting_link: set[int] = set()
@@ -77,7 +78,6 @@ class DisaggCluster(ClusterBase):
         }
         for w in self.decode:
             w.kv_waiters = [self.destinations[(w.idx, r.dp_rank)] for r in w.ranks]
-            w.horizon = self.decode_horizon
         # each pool rotates over its scheduler ids (worker-major), as Dynamo's P/D replay
         self.prefill_router = build_router(
             cfg.router,

@@ -46,11 +46,6 @@ class VllmEngineConfig(Schema):
     speedup_ratio: NonNegFloat = 1.0
     decode_speedup_ratio: NonNegFloat = 1.0
     preemption_mode: Literal["lifo", "fifo"] = "lifo"
-    fast_forward: bool = Field(
-        True,
-        description="compute runs of passes that change nothing but counters at once, with "
-        "the same results as stepping each pass through the event loop (false: step)",
-    )
 
 
 EngineConfig = VllmEngineConfig

@@ -1,4 +1,5 @@
-"""Config sections of how a run is run and reported: SLO bounds, stop, parallel replay, outputs."""
+"""Config sections of how a run is run and reported: SLO bounds, stop, the speed layer, parallel
+replay, outputs."""
 
 from __future__ import annotations
 
@@ -21,6 +22,27 @@ class SloConfig(Schema):
 class StopConfig(Schema):
     max_virtual_time_ms: PositiveFloat | None = Field(
         None, description="soft cut-off: requests still in flight end `incomplete`"
+    )
+
+
+class SpeedConfig(Schema):
+    """The speed layer (docs/speed.md): shortcuts that change no answer, each checked by an
+    equivalence test against the textbook loop. `speed=textbook` turns them all off."""
+
+    fast_forward: bool = Field(
+        True,
+        description="chain passes nothing can interrupt, and apply runs of decode-only passes "
+        "at once (false: every pass goes through the worker's textbook loop)",
+    )
+    grouped_pool: bool = Field(
+        True,
+        description="keep the engine blocks of one trace block as one group in the KV pool "
+        "where they tile it (false: every block on its own)",
+    )
+    gc_tuning: bool = Field(
+        True,
+        description="pace Python's cyclic garbage collector for the event loop (false: the "
+        "interpreter's defaults)",
     )
 
 

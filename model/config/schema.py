@@ -51,6 +51,7 @@ from servesim.config.run_options import (
     OutputConfig,
     ParallelConfig,
     SloConfig,
+    SpeedConfig,
     StopConfig,
 )
 from servesim.config.workloads import (
@@ -113,6 +114,7 @@ __all__ = [
     "RouterConfig",
     "Schema",
     "SloConfig",
+    "SpeedConfig",
     "StopConfig",
     "SyntheticWorkload",
     "TimingConfig",
@@ -140,6 +142,7 @@ class RunConfig(Schema):
     slo: SloConfig = SloConfig()
     stop: StopConfig = StopConfig()
     output: OutputConfig = OutputConfig()
+    speed: SpeedConfig = SpeedConfig()
     parallel: ParallelConfig = ParallelConfig()
 
     @model_validator(mode="after")

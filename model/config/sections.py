@@ -17,7 +17,13 @@ from servesim.config.cluster import (
     VllmEngineConfig,
 )
 from servesim.config.hardware import HardwareConfig, LlmConfig, TimingConfig
-from servesim.config.run_options import OutputConfig, ParallelConfig, SloConfig, StopConfig
+from servesim.config.run_options import (
+    OutputConfig,
+    ParallelConfig,
+    SloConfig,
+    SpeedConfig,
+    StopConfig,
+)
 from servesim.config.workloads import LoadConfig, WorkloadConfig
 
 
@@ -52,5 +58,7 @@ class Sections(Protocol):
     def stop(self) -> StopConfig: ...
     @property
     def output(self) -> OutputConfig: ...
+    @property
+    def speed(self) -> SpeedConfig: ...
     @property
     def parallel(self) -> ParallelConfig: ...

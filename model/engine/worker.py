@@ -3,122 +3,35 @@
 The worker sleeps on a wake-up event while it has nothing to do. With work, it lets every event
 of the current instant land first (arrivals join the pass that starts now; a P/D prefill
 worker with work left at its pass end lets only the instant's transfers and releases land
-before its next pass, as Dynamo does), asks each of its
-scheduler ranks for a batch, prices the pass with the timing model (prefill part + decode
-part), holds for that long, then applies the pass: tokens stamped at the pass end, requests
-completed, blocks released, KV events published.
+before its next pass, as Dynamo does), asks each of its scheduler ranks for its part of the
+pass, prices the pass with the timing model (prefill part + decode part), holds for that long,
+then applies the pass: tokens stamped at the pass end, requests completed, blocks released, KV
+events published. `Worker.run` is that loop and nothing else.
 
 With attention data parallelism (`dp_size` > 1) the worker has one scheduler and one KV pool per
 rank. The ranks run in lock-step: every rank with work forms its own batch, and the pass lasts
 as long as the slowest rank's (the others, idle ones included, wait for it).
 
-Passes that end before anything can reach this worker are chained: while the cluster's
-horizon (the next time a request could be dispatched, or the stop time) is later than a pass's
-end, and the pass completes or rejects nothing (so it wakes nobody), the worker applies it at its
-end time and plans the next one at once, holding only for the last pass of the chain. Nothing
-can observe the difference (no request can join or leave in between), so every timestamp
-equals the pass-by-pass loop's, with one SimPy event per chain instead of two per pass.
+The speed layer's FastWorker (servesim.speed.fast_worker) runs the same passes faster, with the
+same answers.
 """
 
 from __future__ import annotations
 
 import math
-from array import array
 from collections.abc import Callable, Generator
-from functools import partial
-from itertools import groupby
-from operator import itemgetter
-from typing import Any, Final, Protocol
+from typing import Protocol
 
-import numpy as np
 import simpy
 
 from servesim.clock import PASS_END, PASS_START, PREFILL_NEXT_PASS, TRANSFER_END, at_time, fire
 from servesim.engine.batch import Batch
 from servesim.engine.scheduler import Scheduler
-from servesim.engine.vllm import VllmScheduler
 from servesim.kv.group_pool import Pool
 from servesim.metrics.recorder import Recorder
-from servesim.speed.stretch import Stretch, decode_stretch, stretches_apply
-from servesim.timing.base import StepTime, whole_ns, whole_ns_array
+from servesim.timing.base import StepTime, whole_ns
+from servesim.timing.tabulated import DecodeTable, decode_price
 from servesim.workload.request import Request
-
-# fast-forward prices stretches expected to run at least this many passes in bulk (numpy),
-# in chunks of at least this size; shorter ones pass by pass
-VECTOR_MIN_PASSES = 24
-
-
-def decode_price(step_time: StepTime, total_kv_tokens: int) -> Callable[[int, int], float]:
-    """The decode part of a pass of `n` sequences holding `sum_ctx` tokens, as a function of
-    (n, sum_ctx): `whole_ns(decode_ms(n, sum_ctx, total_kv_tokens, sum_ctx // n))`, in one
-    call (a stretch priced pass by pass calls it once per pass)."""
-    decode_ms = step_time.decode_ms
-
-    def price(n: int, sum_ctx: int) -> float:
-        return whole_ns(decode_ms(n, sum_ctx, total_kv_tokens, sum_ctx // n))
-
-    return price
-
-
-class DecodeTable:
-    """The decode part of a pass, in whole nanoseconds, by the decoding sequences' KV tokens,
-    for a timing model whose decode time depends on nothing else (the mocker's polynomial):
-    each value computed once, in bulk, the first time a pass needs it.
-
-    Loads past the pool's tokens cost what a full pool does (utilisation is capped at 1), so
-    the table has one slot per token of the pool. Its memory is zeroed by the OS on first
-    touch: a run pays only for the loads it reaches. The computed slots are one range,
-    `lo..hi`, widened (gap included) to take in a load outside it."""
-
-    CHUNK: Final = 4096  # slots computed together when the range widens
-
-    def __init__(self, by_kv: Callable[[np.ndarray], np.ndarray], total_kv_tokens: int) -> None:
-        self.by_kv = by_kv
-        self.top = max(total_kv_tokens, 1)
-        self.values = np.zeros(self.top + 1)
-        self.lo, self.hi = 1, 0  # nothing computed yet
-        # read as Python floats, without numpy scalars
-        self._slots: Any = memoryview(self.values)  # type: ignore[arg-type]
-
-    def _cover(self, a: int, b: int) -> None:
-        """Widen the computed range to take in slots a..b (a <= b <= top)."""
-        lo, hi = self.lo, self.hi
-        if lo > hi:  # the first fill: a chunk's worth from a
-            lo, hi = a, min(self.top, max(b, a + self.CHUNK - 1))
-            self._fill(lo, hi)
-        if a < lo:
-            a = max(0, min(a, lo - self.CHUNK))
-            self._fill(a, lo - 1)
-            lo = a
-        if b > hi:
-            b = min(self.top, max(b, hi + self.CHUNK))
-            self._fill(hi + 1, b)
-            hi = b
-        self.lo, self.hi = lo, hi
-
-    def _fill(self, lo: int, hi: int) -> None:
-        self.values[lo : hi + 1] = whole_ns_array(self.by_kv(np.arange(lo, hi + 1)))
-
-    def price(self, n: int, sum_ctx: int) -> float:
-        """The decode part of one pass of `n` >= 1 sequences holding `sum_ctx` tokens."""
-        s = sum_ctx if sum_ctx < self.top else self.top
-        if not self.lo <= s <= self.hi:
-            self._cover(s, s)
-        return self._slots[s]
-
-    def prices(self, sum_ctx: int, n: int, m: int) -> np.ndarray:
-        """The decode parts of `m` passes of `n` >= 1 sequences, the first holding `sum_ctx`
-        tokens and each later one `n` more (a new array)."""
-        top = self.top
-        first = sum_ctx if sum_ctx < top else top
-        last = sum_ctx + n * (m - 1)
-        if last > top:
-            last = top
-        if first < self.lo or last > self.hi:
-            self._cover(first, last)
-        at = np.arange(sum_ctx, sum_ctx + n * m, n)
-        np.minimum(at, top, out=at)
-        return self.values[at]
 
 
 class KvWaiter(Protocol):
@@ -187,8 +100,6 @@ class Worker:
         on_complete: Callable[[Request], None],
         on_reject: Callable[[Request, str], None],
         num_workers: int = 1,
-        horizon: Callable[[], float] | None = None,
-        fast_forward: bool = True,
         name: str | None = None,
         role: str = "aggregated",
         order: int | None = None,
@@ -226,14 +137,6 @@ class Worker:
         self.role = role
         self.order = idx if order is None else order
         self.end_phase = PASS_END + self.order / (num_workers + 1)
-        self.horizon = horizon if horizon is not None else env.peek
-        self.fast_forward = fast_forward
-        # decode stretches stand in for passes of the shipped vLLM policy only (one rank)
-        self.stretch_scheduler = (
-            first
-            if len(schedulers) == 1 and isinstance(first, VllmScheduler) and stretches_apply(first)
-            else None
-        )
         # what waits for KV on its ranks, tried at each pass end (P/D decode reservations)
         self.kv_waiters: list[KvWaiter] = []
         # mid-pass, the engine's state is the pass's: commands from outside (a KV transfer
@@ -329,10 +232,9 @@ class Worker:
         return any(r.scheduler.has_work() for r in self.ranks)
 
     def run(self) -> Generator[simpy.Event, None, None]:
+        """Pass after pass: form it, price it, compute it, apply it at its end."""
         env = self.env
         ranks = self.ranks
-        single = ranks[0].scheduler if len(ranks) == 1 else None
-        stretcher = self.stretch_scheduler if self.fast_forward else None
         # a prefill worker with work left at its pass end starts the next pass at once, before
         # the arrivals of that instant (Dynamo's P/D replay); other workers let them join it
         next_pass_at_once = self.role == "prefill"
@@ -340,79 +242,48 @@ class Worker:
         while True:
             if not self.has_work():
                 pass_ended = False
-                self._wake = env.event()
-                yield self._wake
-                self._wake = None
+                yield from self._sleep()
             if env.peek() <= env.now:
                 # other events of this instant (arrivals, completions) go first; for a prefill
                 # worker straight after its pass, only transfers and source releases
                 phase = PREFILL_NEXT_PASS if pass_ended and next_pass_at_once else PASS_START
                 yield at_time(env, env.now, phase)
-            pass_ended = True  # every way out of the loop below ends a pass, or sleeps first
+            pass_ended = True
             t = env.now
-            horizon = self.horizon()  # nothing can reach this worker before then
-            while True:
-                chain = self.fast_forward and not self._waiter_may_proceed()
-                if stretcher is not None and chain:
-                    stretch = decode_stretch(stretcher, partial(self._decode_ends, t, horizon))
-                    if stretch is not None:
-                        self._record_stretch(t, stretch)
-                        t = stretch.ends[-1]
-                        if stretch.done:  # its last pass completed requests: deliver them
-                            self._sample_kv(ranks[0], t)
-                            yield from self._busy_until_pass_end(t)
-                            self._end_pass(stretch.done, [])
-                            break
-                batches = [r.scheduler.schedule(t) for r in ranks]
-                if not any(b.items for b in batches):
-                    if not any(b.rejected or b.n_preempted for b in batches):
-                        # waiting work that cannot be admitted yet (its KV is held elsewhere
-                        # until a transfer ends): sleep until something is delivered
-                        if self.has_work():
-                            pass_ended = False
-                            self._wake = env.event()
-                            yield self._wake
-                            self._wake = None
-                        break
+            # 1. each rank forms its part of the pass (lock-step ranks: one pass)
+            batches = [r.scheduler.schedule(t) for r in ranks]
+            if not any(b.items for b in batches):
+                if any(b.rejected or b.n_preempted for b in batches):
                     # only rejections, or a request that preempted itself: a pass of no
-                    # length that ends at once
-                    if t > env.now:
-                        yield from self._until_pass_end(t)
+                    # length that ends at once (the next one is planned once the victims'
+                    # stores have landed)
                     self._end_pass(self._finish(batches, t, t), batches)
-                    # (the next one is planned once the victims' stores have landed)
                     yield from self._wait_for_fences(batches, busy=False)
-                    break
-                if any(b.fences for b in batches):
-                    # a victim of this pass is still being copied to G2: it computes once the
-                    # copies have landed, and nothing else happens on this worker meanwhile
-                    if t > env.now:
-                        yield from self._until_pass_end(t)
-                    yield from self._wait_for_fences(batches, busy=True)
-                    t = env.now
-                    horizon = t  # (no chaining past it)
-                for rank in ranks:
-                    self._sample_kv(rank, t)
-                # lock-step ranks: the pass ends when the slowest rank's work does
-                end = (
-                    self._end_of(batches[0], t)
-                    if single is not None
-                    else max(self._end_of(b, t) for b in batches)
-                )
-                # (planning this pass may itself have freed capacity, by preempting)
-                chain = self.fast_forward and not self._waiter_may_proceed()
-                if end >= horizon or not chain:
-                    # something may happen before this pass ends (or the run may stop):
-                    # apply it at its end, as it comes
-                    yield from self._busy_until_pass_end(end)
-                    self._end_pass(self._finish(batches, t, end), batches)
-                    break
-                # nothing can happen before the end: apply it now, deliver at its end
-                done = self._finish(batches, t, end)
-                if done or any(b.rejected for b in batches):
-                    yield from self._busy_until_pass_end(end)
-                    self._end_pass(done, batches)
-                    break
-                t = end  # chain the next pass
+                elif self.has_work():
+                    # waiting work that cannot be admitted yet (its KV is held elsewhere
+                    # until a transfer ends): sleep until something is delivered
+                    pass_ended = False
+                    yield from self._sleep()
+                continue
+            if any(b.fences for b in batches):
+                # a victim of this pass is still being copied to G2: it computes once the
+                # copies have landed, and nothing else happens on this worker meanwhile
+                yield from self._wait_for_fences(batches, busy=True)
+                t = env.now
+            for rank in ranks:
+                self._sample_kv(rank, t)
+            # 2. price it: the pass ends when the slowest rank's work does
+            end = max(self._end_of(b, t) for b in batches)
+            # 3. compute it: commands from outside wait for its end
+            yield from self._busy_until_pass_end(end)
+            # 4. apply it at its end: tokens, completions, released blocks, KV events
+            self._end_pass(self._finish(batches, t, end), batches)
+
+    def _sleep(self) -> Generator[simpy.Event, None, None]:
+        """Sleep until something wakes the worker (an arrival, a delivery, freed blocks)."""
+        self._wake = self.env.event()
+        yield self._wake
+        self._wake = None
 
     def _waiter_may_proceed(self) -> bool:
         waiters = self.kv_waiters
@@ -462,94 +333,6 @@ class Worker:
             # counted once per sequence), not the pool's active blocks
             end += self._decode_only_ms(n, batch.sum_decode_context)
         return end
-
-    def _decode_ends(
-        self, start: float, horizon: float, n: int, sum_ctx: int, k_max: int
-    ) -> array[float]:
-        """End times of up to `k_max` back-to-back decode passes of `n` sequences from `start`
-        (their lengths summing to `sum_ctx`, one token more each pass), as many as end before
-        `horizon`. Each pass is priced and added as the pass-by-pass loop does; a timing model
-        that prices many passes at once (`decode_ms_array`) gives the same floats in bulk."""
-        ends = array("d")
-        t = start
-        price = self._decode_only_ms
-        first = price(n, sum_ctx)
-        # about how many passes end before the horizon (decode passes lengthen slowly)
-        expected = k_max
-        if horizon < math.inf and first > 0:
-            expected = min(k_max, int((horizon - t) / first) + 1)
-        table = self.decode_table
-        if (table is None and self.decode_ms_array is None) or expected < VECTOR_MIN_PASSES:
-            # a few passes: one by one (numpy's per-call cost would dominate)
-            duration = first
-            while True:
-                end = t + duration
-                if end >= horizon:
-                    break
-                ends.append(end)
-                if len(ends) == k_max:
-                    break
-                t = end
-                sum_ctx += n
-                duration = price(n, sum_ctx)
-            return ends
-        # the first chunk: every pass up to k_max, or (with a horizon) a quarter more than
-        # the first pass's length fits before it, so that one round of numpy usually does
-        chunk = min(k_max, max(VECTOR_MIN_PASSES, int(expected * 1.25) + 2))
-        decode_ms_array = self.decode_ms_array
-        total = self.total_kv_tokens
-        while len(ends) < k_max:
-            m = min(chunk, k_max - len(ends))
-            if table is not None:
-                steps = table.prices(sum_ctx, n, m)
-            else:
-                assert decode_ms_array is not None  # (checked above)
-                ctx = np.arange(sum_ctx, sum_ctx + n * m, n, dtype=np.int64)
-                steps = whole_ns_array(decode_ms_array(n, ctx, total, ctx // n))
-            # sequential sums, as `t = t + d` pass after pass
-            steps[0] += t
-            stamps = np.cumsum(steps, out=steps)
-            if stamps[-1] < horizon:
-                ends.frombytes(stamps.tobytes())
-            else:
-                keep = int(np.searchsorted(stamps, horizon, "left"))  # those ending before it
-                ends.frombytes(stamps[:keep].tobytes())
-                break
-            t = ends[-1]
-            sum_ctx += n * m
-            chunk *= 4
-        return ends
-
-    def _record_stretch(self, start: float, stretch: Stretch) -> None:
-        """Record fast-forwarded decode passes as the pass-by-pass loop would have: each pass,
-        the pool level at the start of each pass that allocated, the KV events at their pass
-        ends."""
-        rank = self.ranks[0]
-        ends = stretch.ends
-        levels = stretch.levels
-        if levels:
-            active = array("q")
-            level = stretch.active_before
-            at = 0
-            for i, used, cached in levels:
-                active.extend(array("q", (level,)) * (i - at))
-                level, at = used, i
-                if (used, cached) != rank.kv_level:
-                    rank.kv_level = (used, cached)
-                    self.recorder.kv_level(
-                        ends[i - 1] if i else start, rank.name, "device", used, cached, self.idx, 0
-                    )
-            active.extend(array("q", (level,)) * (len(ends) - at))
-        else:
-            active = array("q", (stretch.active_before,)) * len(ends)
-        self.recorder.pass_stretch(self.idx, start, ends, stretch.n_decode, active, self.role)
-        if rank.pool.pending_events:
-            # each pass's events together, at its end
-            events = zip(stretch.event_passes, rank.pool.take_events(), strict=True)
-            for i, of_pass in groupby(events, itemgetter(0)):
-                self.recorder.kv_event_batch(
-                    ends[i], rank.name, self.idx, 0, [e for _, e in of_pass], "device", self.order
-                )
 
     def _finish(self, batches: list[Batch], start: float, end: float) -> list[Request]:
         """Apply a pass at its end time: stamp tokens, release finished requests' blocks,

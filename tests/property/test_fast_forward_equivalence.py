@@ -32,7 +32,6 @@ from hypothesis import strategies as st
 import servesim.sim as sim
 from servesim import simulate
 from servesim.clock import Environment
-from servesim.config.derived import role_engines
 from servesim.metrics.summary import without_wall
 from servesim.sim import Result
 
@@ -97,11 +96,8 @@ def table_differences(name: str, fast: pd.DataFrame, step: pd.DataFrame) -> list
 def _drop_mode(summary: dict[str, Any], fast_forward: bool) -> dict[str, Any]:
     """The summary without host-time keys and without the one config key the modes differ in."""
     out = copy.deepcopy(without_wall(summary))
-    config = out["metadata"]["config"]
-    assert config["engine"].pop("fast_forward") is fast_forward
-    for role in ("prefill", "decode"):
-        if isinstance(config["topology"].get(role), dict):
-            assert config["topology"][role].pop("fast_forward") is None
+    speed = out["metadata"]["config"].pop("speed")
+    assert speed == dict.fromkeys(("fast_forward", "grouped_pool", "gc_tuning"), fast_forward)
     return out
 
 
@@ -174,8 +170,9 @@ class CountingEnvironment(Environment):
 
 
 def with_mode(sections: dict[str, Any], fast_forward: bool) -> dict[str, Any]:
+    """The sections with the whole speed layer on (`speed=fast`) or off (`speed=textbook`)."""
     out = copy.deepcopy(sections)
-    out["engine"] = dict(out.get("engine", {}), fast_forward=fast_forward)
+    out["speed"] = dict.fromkeys(("fast_forward", "grouped_pool", "gc_tuning"), fast_forward)
     return out
 
 
@@ -188,7 +185,7 @@ def run_both(sections: dict[str, Any]) -> tuple[Result, Result, int, int]:
         patch.setattr(sim, "Environment", CountingEnvironment)
         for fast_forward in (True, False):
             cfg = make_config(**with_mode(sections, fast_forward))
-            assert {e.fast_forward for e in role_engines(cfg).values()} == {fast_forward}
+            assert cfg.speed.fast_forward is fast_forward
             CountingEnvironment.made.clear()
             results.append(simulate(cfg))
             events.append(CountingEnvironment.made[-1].n_events())

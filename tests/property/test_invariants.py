@@ -58,10 +58,13 @@ def write_rows(rows) -> str:
 
 def run(rows, engine, workers, stop_ms=None, timing="fixed", topology=None, link=None, router=None):
     path = write_rows(rows)
+    engine = dict(engine)
+    speed = {"fast_forward": engine.pop("fast_forward", True)}
     try:
         cfg = make_config(
             workload={"kind": "mooncake", "path": path, "trace_block_size": 16},
             engine=engine,
+            speed=speed,
             timing={"kind": "fixed", "prefill_ms": 7.0, "decode_ms": 3.0}
             if timing == "fixed"
             else {"kind": "polynomial"},

@@ -119,7 +119,8 @@ SCENARIOS = [
         ("n_kv_evictions",),
         workload=conversation(200),
         topology={"num_workers": 2},
-        engine={"num_gpu_blocks": 600, "fast_forward": False},
+        engine={"num_gpu_blocks": 600},
+        speed={"fast_forward": False},
     ),
     case(
         "2w-2p-rejected",

@@ -405,7 +405,7 @@ def test_a_lean_recorder_counts_the_calls_of_a_full_one(config, trace, twin_run)
     without the pass table: the same count and last event time as the table's."""
     cfg = aggregated(config, trace)
     result, rec = twin_run(
-        cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"fast_forward": True})})
+        cfg.model_copy(update={"speed": cfg.speed.model_copy(update={"fast_forward": True})})
     )
     kinds = {kind for kind, *_ in rec.pass_calls}
     assert kinds == {"pass_done", "pass_stretch"}

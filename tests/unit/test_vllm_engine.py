@@ -184,7 +184,8 @@ def test_any_output_length_runs_in_memory_bounded_by_the_pool(config, trace, fas
             config,
             trace,
             [row(0, 100, 10**8, [1, 2]), row(0, 100, 10**11, [3, 4])],
-            engine={"num_gpu_blocks": 128, "fast_forward": fast_forward},
+            engine={"num_gpu_blocks": 128},
+            speed={"fast_forward": fast_forward},
         )
         peak_mb = tracemalloc.get_traced_memory()[1] / 1e6
     finally:

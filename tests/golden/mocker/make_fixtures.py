@@ -1016,7 +1016,7 @@ CASES = [
             "block_size": 16,
             "timing_model": {"type": "fixed", "prefill_ms": 5.0, "decode_ms": 1.0},
         },
-        servesim_overrides=(*FIXED_5_1, "engine.fast_forward=false"),
+        servesim_overrides=(*FIXED_5_1, "speed.fast_forward=false"),
         pd=(1, 1),
         decode={"num_gpu_blocks": 8},
     ),
