@@ -40,6 +40,8 @@ MODULES = (
     "servesim.engine.scheduler_base",
     "servesim.engine.vllm",
     "servesim.speed.stretch",
+    "servesim.speed.fast_worker",
+    "servesim.timing.tabulated",
     "servesim.engine.worker",
     "servesim.kv.block_pool",
     "servesim.kv.group_pool",

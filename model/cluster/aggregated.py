@@ -11,7 +11,7 @@ from servesim.cluster.base import ClusterBase
 from servesim.config.plan import Plan
 from servesim.config.schema import AggregatedTopology
 from servesim.metrics.recorder import Recorder
-from servesim.router import KvRouter, build_router
+from servesim.router import KvRouter, RouterSite, build_router
 from servesim.router.round_robin import RoundRobin
 from servesim.timing import build_step_time
 from servesim.workload.hashing import BlockHasher
@@ -40,17 +40,14 @@ class AggregatedCluster(ClusterBase):
             hasher,
             self._completed,
         )
+        e = cfg.engine
         self.router = build_router(
             cfg.router,
-            len(self.workers),
-            router_rng,
-            cfg.engine.dp_size,
-            env=env,
-            engine=cfg.engine,
-            role="aggregated",
-            recorder=recorder,
-        )
-        self.router.send = self._send
+            RouterSite(
+                len(self.workers), e.dp_size, False, env, e, "aggregated", recorder, router_rng,
+                self._send,
+            ),
+        )  # fmt: skip
         self.attach_router(self.router, self.workers)
         if isinstance(self.router, KvRouter):
             for w in self.workers:

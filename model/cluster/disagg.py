@@ -25,7 +25,7 @@ from servesim.config.plan import Plan
 from servesim.config.schema import DisaggTopology
 from servesim.kv.link import Link
 from servesim.metrics.recorder import REJECTED, Recorder
-from servesim.router import build_router
+from servesim.router import RouterSite, build_router
 from servesim.timing import build_step_time
 from servesim.workload.hashing import BlockHasher
 from servesim.workload.request import Request
@@ -79,30 +79,21 @@ class DisaggCluster(ClusterBase):
         for w in self.decode:
             w.kv_waiters = [self.destinations[(w.idx, r.dp_rank)] for r in w.ranks]
         # each pool rotates over its scheduler ids (worker-major), as Dynamo's P/D replay
+        p, d = engines["prefill"], engines["decode"]
         self.prefill_router = build_router(
             cfg.router,
-            len(self.prefill),
-            router_rng,
-            engines["prefill"].dp_size,
-            flat=True,
-            env=env,
-            engine=engines["prefill"],
-            role="prefill",
-            recorder=recorder,
-        )
+            RouterSite(
+                len(self.prefill), p.dp_size, True, env, p, "prefill", recorder, router_rng,
+                self._to_prefill,
+            ),
+        )  # fmt: skip
         self.decode_router = build_router(
             cfg.router,
-            len(self.decode),
-            router_rng,
-            engines["decode"].dp_size,
-            flat=True,
-            env=env,
-            engine=engines["decode"],
-            role="decode",
-            recorder=recorder,
-        )
-        self.prefill_router.send = self._to_prefill
-        self.decode_router.send = self._to_decode
+            RouterSite(
+                len(self.decode), d.dp_size, True, env, d, "decode", recorder, router_rng,
+                self._to_decode,
+            ),
+        )  # fmt: skip
         # only prefill workers' KV events reach a router (the decode router balances load)
         self.attach_router(self.prefill_router, self.prefill)
         self.routers.append(self.decode_router)
