@@ -17,7 +17,7 @@ from pathlib import Path
 
 # part -> substrings of "file:function" that belong to it, first match wins
 PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("block pool (G1)", ("kv/block_pool.py", "kv/group_pool.py")),
+    ("block pool (G1)", ("kv/block_pool.py", "speed/group_pool.py", "speed/group_keys.py")),
     ("prompt hashing", ("workload/hashing.py",)),
     (
         "trace reading",

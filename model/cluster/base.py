@@ -15,10 +15,10 @@ from servesim.config.plan import Plan
 from servesim.config.schema import RunConfig, VllmEngineConfig
 from servesim.engine.registry import scheduler_class
 from servesim.engine.worker import Worker
-from servesim.kv.group_pool import choose_pool
 from servesim.metrics.recorder import COMPLETED, REJECTED, Recorder
 from servesim.router import KvRouter, Router
 from servesim.speed.fast_worker import FastWorker
+from servesim.speed.group_pool import choose_pool
 from servesim.timing import frontend_latency_ms
 from servesim.timing.base import StepTime
 from servesim.workload.hashing import BlockHasher

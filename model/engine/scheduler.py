@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from servesim.engine.batch import Batch
-from servesim.kv.group_pool import Pool
+from servesim.kv.pool_base import Pool
 from servesim.kv.tiers import RankTiers
 from servesim.workload.request import Request
 

@@ -13,7 +13,7 @@ from mypy_extensions import mypyc_attr
 
 from servesim.config.schema import VllmEngineConfig
 from servesim.engine.batch import Batch
-from servesim.kv.group_pool import Pool
+from servesim.kv.pool_base import Pool
 from servesim.kv.tiers import RankTiers
 from servesim.workload.hashing import BlockHasher
 from servesim.workload.request import Request, Status

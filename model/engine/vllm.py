@@ -38,7 +38,7 @@ from mypy_extensions import mypyc_attr
 
 from servesim.engine.batch import Batch
 from servesim.engine.scheduler_base import SchedulerBase
-from servesim.kv.block_pool import count_in, count_out
+from servesim.kv.pool_base import count_in, count_out
 from servesim.workload.request import Request, Status
 
 OK = 0

@@ -27,7 +27,7 @@ import simpy
 from servesim.clock import PASS_END, PASS_START, PREFILL_NEXT_PASS, TRANSFER_END, at_time, fire
 from servesim.engine.batch import Batch
 from servesim.engine.scheduler import Scheduler
-from servesim.kv.group_pool import Pool
+from servesim.kv.pool_base import Pool
 from servesim.metrics.recorder import Recorder
 from servesim.timing.base import StepTime, whole_ns
 from servesim.timing.tabulated import DecodeTable, decode_price

@@ -12,7 +12,7 @@ from typing import Protocol
 
 import simpy
 
-from servesim.kv.block_pool import REMOVED, STORED, count_in, count_out, evict_oldest
+from servesim.kv.pool_base import REMOVED, STORED, count_in, count_out, evict_oldest
 from servesim.metrics.recorder import Recorder
 
 

@@ -44,8 +44,8 @@ from typing import Any, Protocol
 
 import simpy
 
-from servesim.kv.group_pool import Pool
 from servesim.kv.link import Link
+from servesim.kv.pool_base import Pool
 from servesim.kv.tier_pool import TierPool
 from servesim.workload.dynamo_ids import dynamo_sequence_hashes
 from servesim.workload.request import Request

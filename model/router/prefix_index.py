@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from itertools import groupby
 from operator import itemgetter
 
-from servesim.kv.block_pool import STORED
+from servesim.kv.pool_base import STORED
 
 
 class Holders:

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from servesim.kv.block_pool import BlockPool
-from servesim.kv.group_pool import GroupPool, choose_pool
+from servesim.speed.group_pool import GroupPool, choose_pool
 from servesim.workload.hashing import BlockHasher
 from tests.property.test_block_pool_lru import (
     Reference,

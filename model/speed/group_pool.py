@@ -1,4 +1,4 @@
-"""The G1 block pool kept by trace block: `BlockPool`'s LRU, one entry per group of engine blocks.
+"""The speed layer's G1 block pool kept by trace block: `BlockPool`'s LRU, an entry per group.
 
 When engine blocks tile trace blocks (Mooncake replays: 8 blocks of 64 tokens per 512-token
 trace block), a prompt's engine-block ids are packed: block r of trace block k is the chain id
@@ -22,42 +22,14 @@ from __future__ import annotations
 from typing import Any
 
 from servesim.kv import block_pool
-from servesim.kv.block_pool import REMOVED, STORED, BlockPool, Key, PoolBase
+from servesim.kv.block_pool import BlockPool
+from servesim.kv.pool_base import REMOVED, STORED, Key, Pool
+from servesim.speed.group_keys import GroupKeys, Span
 from servesim.workload.request import Request
 
-Span = tuple[Any, int, int]  # (group id, low rank, high rank) or (single key, -1, 0)
 
-
-def choose_pool(
-    capacity_blocks: int,
-    enable_caching: bool,
-    record_events: bool,
-    group_blocks: int,
-) -> Pool:
-    """The pool for one rank: by group when ids are packed by `group_blocks` engine blocks (a
-    power of two > 1, so a group's ids are all its id values) and caching is on, else per
-    block."""
-    if group_blocks > 1 and group_blocks & (group_blocks - 1) == 0 and enable_caching:
-        return GroupPool(capacity_blocks, group_blocks, record_events)
-    return BlockPool(capacity_blocks, enable_caching, record_events)
-
-
-class GroupPool(PoolBase):
-    __slots__ = ("per", "mask", "groups", "n_resident")
-
-    def __init__(
-        self, capacity_blocks: int, group_blocks: int, record_events: bool = False
-    ) -> None:
-        if group_blocks < 2 or group_blocks & (group_blocks - 1):
-            raise ValueError(f"a group is a power of two >= 2 of blocks, got {group_blocks}")
-        super().__init__(capacity_blocks, True, record_events)
-        self.per = group_blocks
-        self.mask = group_blocks - 1
-        # group id -> int state (all blocks resident, alike) or list of per-block states;
-        # single key -> int state. State: holders (>= 1) or -(run id) when inactive. Runs
-        # list spans (group id, low rank, high rank) or (single key, -1, 0)
-        self.groups: dict[Any, Any] = {}
-        self.n_resident = 0
+class GroupPool(GroupKeys):
+    """The grouped pool's levels, lookups, allocation, LRU and releases."""
 
     # ------------------------------------------------------------------ levels
 
@@ -87,81 +59,7 @@ class GroupPool(PoolBase):
         """Inactive blocks, oldest first (a new list: for inspection)."""
         return self._lru_order()
 
-    def _states(self) -> list[tuple[Key, int]]:
-        out = []
-        for key, v in self.groups.items():
-            if key.__class__ is not int or key < 0:
-                out.append((key, v))
-            elif v.__class__ is int:
-                out.extend([(key + r, v) for r in range(self.per)])
-            else:
-                out.extend([(key + r, s) for r, s in enumerate(v) if s is not None])
-        return out
-
-    # ------------------------------------------------------------------ per-key access
-
-    def _get(self, key: Key) -> int | None:
-        """The state of one block (None: not resident)."""
-        if key.__class__ is int and key >= 0:
-            r = key & self.mask
-            v = self.groups.get(key - r)
-            return v if v is None or v.__class__ is int else v[r]
-        return self.groups.get(key)
-
-    def _set(self, key: Key, state: int | None) -> None:
-        """Set one block's state (None: evicted)."""
-        groups = self.groups
-        if key.__class__ is int and key >= 0:
-            r = key & self.mask
-            gid = key - r
-            v = groups.get(gid)
-            if v.__class__ is not list:
-                if v is None and state is None:
-                    return
-                v = groups[gid] = [v] * self.per
-            v[r] = state
-            if state is None and v.count(None) == self.per:
-                del groups[gid]
-        elif state is None:
-            groups.pop(key, None)
-        else:
-            groups[key] = state
-
-    def _spans(self, keys: list[Key]) -> list[Span]:
-        """`keys` as spans of consecutive blocks of one group, in order."""
-        out: list[Span] = []
-        n = len(keys)
-        per = self.per
-        mask = self.mask
-        exact = self._serial == 0  # no duplicate keys: packed ids run consecutively
-        i = 0
-        while i < n:
-            h = keys[i]
-            if h.__class__ is not int or h < 0:
-                out.append((h, -1, 0))
-                i += 1
-                continue
-            r = h & mask
-            top = per - r
-            size = top if top <= n - i else n - i
-            if size > 1 and not (
-                keys[i + size - 1] == h + size - 1
-                and (exact or keys[i : i + size] == list(range(h, h + size)))
-            ):
-                size = 1
-                while size < top and i + size < n and keys[i + size] == h + size:
-                    size += 1
-            out.append((h - r, r, r + size))
-            i += size
-        return out
-
     # ------------------------------------------------------------------ prefix lookups
-
-    def _oldest(self, h: int) -> Key | None:
-        if self._get(h) is not None:
-            return h
-        keys = self.copies.get(h)
-        return keys[0] if keys else None
 
     def match(self, hashes: list[int]) -> tuple[int, int]:
         """Leading blocks of `hashes` resident, and how many of them are active."""
@@ -262,13 +160,6 @@ class GroupPool(PoolBase):
         run[3] = True
         self.n_inactive -= 1
         return 1
-
-    def _where(self, key: Key) -> tuple[Any, int]:
-        """(group id, rank) of a block of a group, (key, -1) of a single block."""
-        if key.__class__ is int and key >= 0:
-            r = key & self.mask
-            return key - r, r
-        return key, -1
 
     # ------------------------------------------------------------------ allocation
 
@@ -540,11 +431,16 @@ class GroupPool(PoolBase):
         self._front_run = run_id
         self._run_entries = len(entries)
 
-    def pin(self, keys: list[Key]) -> None:  # pragma: no cover - tiers use BlockPool
-        raise NotImplementedError("tier copies pin blocks of a BlockPool (see choose_pool)")
 
-    def unpin(self, keys: list[Key]) -> None:  # pragma: no cover - tiers use BlockPool
-        raise NotImplementedError("tier copies pin blocks of a BlockPool (see choose_pool)")
-
-
-Pool = BlockPool | GroupPool  # a rank's G1 pool
+def choose_pool(
+    capacity_blocks: int,
+    enable_caching: bool,
+    record_events: bool,
+    group_blocks: int,
+) -> Pool:
+    """The pool for one rank: by group when ids are packed by `group_blocks` engine blocks (a
+    power of two > 1, so a group's ids are all its id values) and caching is on, else per
+    block."""
+    if group_blocks > 1 and group_blocks & (group_blocks - 1) == 0 and enable_caching:
+        return GroupPool(capacity_blocks, group_blocks, record_events)
+    return BlockPool(capacity_blocks, enable_caching, record_events)
