@@ -1,7 +1,7 @@
 """servesim: a SimPy model of LLM inference serving.
 
     from servesim import compose, simulate
-    result = simulate(compose(["topology=disagg", "workload.num_requests=50"]))
+    result = simulate(compose(["topology=disagg", "workload.num_sessions=20"]))
     result.summary, result.requests, result.passes, result.kv
 
 Importing servesim changes nothing outside it and loads the model only when a name below is

@@ -1,7 +1,7 @@
 """Compose the shipped Hydra config (servesim.conf) into a validated RunConfig, from anywhere.
 
     from servesim import compose, simulate
-    cfg = compose(["topology=disagg", "workload.num_requests=50"])
+    cfg = compose(["topology=disagg", "workload.num_sessions=20"])
     result = simulate(cfg)
 
 The same composition the `servesim` command does, without a run directory or the cwd: the
@@ -67,7 +67,7 @@ def compose_data(overrides: Sequence[str] = ()) -> dict[str, Any]:
 
 def compose(overrides: Sequence[str] = ()) -> RunConfig:
     """The shipped config with Hydra `overrides` applied (`["topology=disagg",
-    "workload.num_requests=50"]`), validated; raises ConfigError naming each bad config path."""
+    "workload.num_sessions=20"]`), validated; raises ConfigError naming each bad config path."""
     return validate_config(compose_data(overrides))
 
 
