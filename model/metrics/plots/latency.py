@@ -89,7 +89,7 @@ def itl_distribution(
     for i, (name, x) in enumerate(series.items()):
         label = f"{name}: p50 {nearest_rank(x, 50):,.1f}, p90 {nearest_rank(x, 90):,.1f} ms"
         if kind == "cdf":
-            ax.step(x, np.arange(1, len(x) + 1) / len(x), where="post", color=f"C{i}", label=label)
+            ax.ecdf(x, color=f"C{i}", label=label)
         else:
             ax.hist(x, bins=edges.tolist(), color=f"C{i}", alpha=0.5, label=label)
     if log_x:
@@ -121,7 +121,8 @@ def latency_comparison(
     """TTFT and TPOT distributions of several runs side by side, as empirical CDFs over their
     completed requests (one line per run, p50 and p90 in the legend); when every run kept token
     times (`output.per_token`), a third panel shows the tail of the pooled inter-token gaps: the
-    fraction of gaps at least x ms long, on a log scale, with p99 and the longest gap.
+    fraction of gaps longer than x ms (the complementary CDF), on a log scale, with p99 and the
+    longest gap.
     `log_x` puts TTFT and the gaps on log axes (TPOT stays linear).
 
     TPOT (the `itl_ms` column) is one value per request, (last - first token) / (tokens - 1):
@@ -143,8 +144,7 @@ def latency_comparison(
             if not len(x):
                 continue
             label = f"{name}: p50 {nearest_rank(x, 50):,.1f}, p90 {nearest_rank(x, 90):,.1f} ms"
-            y = np.arange(1, len(x) + 1) / len(x)
-            ax.step(x, y, where="post", color=f"C{i}", label=label)
+            ax.ecdf(x, color=f"C{i}", label=label)
         ax.set_ylabel("fraction of requests")
         ax.set_title(title)
     if with_gaps:
@@ -156,11 +156,11 @@ def latency_comparison(
             if not len(x):
                 continue
             label = f"{name}: p99 {nearest_rank(x, 99):,.1f}, max {x[-1]:,.1f} ms"
-            # the fraction of gaps >= x: from 1 down to 1/n, so it stays on a log scale
-            y = (len(x) - np.arange(len(x))) / len(x)
-            ax.step(x, y, where="post", color=f"C{i}", label=label)
+            # the fraction of gaps longer than x: 1 before the shortest, 1/n up to the longest,
+            # where it drops to 0 (off the log scale: the line runs down to the axis there)
+            ax.ecdf(x, complementary=True, color=f"C{i}", label=label)
         ax.set_yscale("log")
-        ax.set_ylabel("fraction of gaps >= x")
+        ax.set_ylabel("fraction of gaps > x")
         ax.set_title("Inter-token gaps (tail)")
     # CDFs rise to the right, the tail falls: each legend goes where its lines are not. TPOT
     # spans a narrow range (a decode pass, give or take): its axis stays linear
