@@ -6,9 +6,17 @@
 Each job directory holds `.hydra/overrides.yaml` (the overrides Hydra applied) and what
 servesim wrote (docs/running.md): `summary.json` once the run finished, `error.json` if it
 failed or was interrupted. The table has one row per job: its status (`completed`, `failed`:
-its error.json says so, `incomplete`: no summary.json), its overrides, the chosen metrics
+its error.json says so, `incomplete`: no summary.json), its overrides (read by Hydra's own
+override parser, so `8` is a number, `null` is None and `lru` a string), the chosen metrics
 (empty unless the job has a summary) and, for a job that did not complete, its exit status and
-error. Jobs that did not complete are also listed on stderr.
+error. It is printed as markdown (tabulate, in the `sweep` and `dev` extras); jobs that did
+not complete are also listed on stderr.
+
+`--plot METRIC --x KEY` draws METRIC against KEY (a swept override, or another column):
+a line over a numeric KEY (on a log axis when its values span two orders of magnitude or
+more), one bar per value of a categorical one (strings, booleans, null), and, when the sweep
+varied other overrides too, one line or bar series per combination of them. The title names
+what was swept.
 
 A metric is a summary key or a dotted path into the summary (`metadata.num_gpu_blocks`); the
 host-time keys kept under `metadata.wall` (`wall_time_ms`, `processed_tokens_per_s`, ...) are
@@ -29,12 +37,18 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pandas as pd
 import yaml
+from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from servesim import rundir
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 DEFAULT_METRICS = (
     "completed_requests",
@@ -81,22 +95,30 @@ def run_multirun(cmd: Sequence[str], sweep_dir: Path, cwd: Path, prog: str) -> t
     return proc.returncode, wall
 
 
-def markdown(df: pd.DataFrame, three_digits: Callable[[str], bool], digits: int = 1) -> str:
-    """A GitHub markdown table (no tabulate needed): floats rounded to `digits`, or to 3 in the
-    columns `three_digits` picks; missing values as `-`."""
-
-    def fmt(col: str, v: object) -> str:
-        if v is None or (isinstance(v, float) and pd.isna(v)):
-            return "-"
-        if isinstance(v, float):
-            return f"{v:,.3f}" if three_digits(col) else f"{v:,.{digits}f}"
-        return f"{v:,}" if isinstance(v, int) else str(v)
-
-    cols = list(df.columns)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-    for row in df.astype(object).itertuples(index=False):
-        lines.append("| " + " | ".join(fmt(c, v) for c, v in zip(cols, row, strict=True)) + " |")
-    return "\n".join(lines)
+def markdown(
+    df: pd.DataFrame,
+    three_digits: Callable[[str], bool],
+    digits: int = 1,
+    *,
+    aligned: bool = False,
+) -> str:
+    """The table as GitHub markdown (`DataFrame.to_markdown`): floats rounded to `digits`, or to
+    3 in the columns `three_digits` picks; integers with thousands separators; missing values as
+    `-`; text columns as they are (a job named `10` stays text). Cells are padded to their
+    column's width only when `aligned` (for a terminal), so a row of the sweep scripts' tables
+    reads the same whatever the other rows hold."""
+    cells = df.astype(object).where(df.notna(), None)
+    text = [i for i, c in enumerate(df.columns) if all(isinstance(v, str) for v in df[c].dropna())]
+    return cells.to_markdown(
+        index=False,
+        tablefmt="github",
+        floatfmt=tuple(",.3f" if three_digits(str(c)) else f",.{digits}f" for c in df.columns),
+        intfmt=",",
+        missingval="-",
+        disable_numparse=text,
+        numalign="decimal" if aligned else None,
+        stralign="left" if aligned else None,
+    )
 
 
 def report_sweep(
@@ -115,14 +137,21 @@ def report_sweep(
     print(f"sweep wall time: {wall_s:.1f} s ({n_runs} runs)")
 
 
-def _overrides(job: Path) -> dict[str, str]:
+# the columns of a collected table that are neither overrides nor metrics
+JOB_COLUMNS = ("job", "status", "exit_status", "error")
+
+
+def overrides(job: Path) -> dict[str, Any]:
+    """The overrides Hydra applied to a job, as typed values (`8` an int, `null` None, `[1,2]`
+    a list), by key (`+key`, `~key` and `group@package` keep their key and package)."""
     path = job / ".hydra" / "overrides.yaml"
     if not path.is_file():
         return {}
+    lines = [str(item) for item in yaml.safe_load(path.read_text()) or []]
     out = {}
-    for item in yaml.safe_load(path.read_text()) or []:
-        key, _, value = str(item).partition("=")
-        out[key.lstrip("+~")] = value
+    for o in OverridesParser.create().parse_overrides(lines):
+        key = o.key_or_group if o.package is None else f"{o.key_or_group}@{o.package}"
+        out[key] = o.value()
     return out
 
 
@@ -155,12 +184,14 @@ def collect(sweep_dir: str | Path, metrics: tuple[str, ...] = DEFAULT_METRICS) -
     (with `exit_status` and `error` when some job did not complete)."""
     sweep = Path(sweep_dir)
     rows = []
+    applied = []
     for job in job_dirs(sweep) if sweep.is_dir() else []:
         status, exit_status, message = rundir.run_status(job)
         summary: dict[str, Any] = {}
         if status != rundir.INCOMPLETE_RUN and (job / rundir.SUMMARY).is_file():
             summary = json.loads((job / rundir.SUMMARY).read_text())
-        row: dict[str, object] = {"job": job.name, "status": status, **_overrides(job)}
+        applied.append(overrides(job))
+        row: dict[str, object] = {"job": job.name, "status": status, **applied[-1]}
         for m in metrics:
             row[m] = metric(summary, m)
         if status != rundir.COMPLETED:
@@ -170,6 +201,12 @@ def collect(sweep_dir: str | Path, metrics: tuple[str, ...] = DEFAULT_METRICS) -
     if not rows:
         raise FileNotFoundError(f"no job directories under {sweep_dir}: is it a multirun dir?")
     df = pd.DataFrame(rows)
+    for key in dict.fromkeys(k for a in applied for k in a):
+        values = [a.get(key) for a in applied]
+        if any(v is None for v in values):
+            # a `null` (or a job without the override) stays None beside numbers, which pandas
+            # would turn into NaN in a float column
+            df[key] = pd.Series(values, dtype=object)
     if "exit_status" in df:
         df["exit_status"] = df["exit_status"].astype("Int64")
     numeric_job = pd.to_numeric(df["job"], errors="coerce")
@@ -187,6 +224,95 @@ def not_completed(df: pd.DataFrame) -> list[str]:
     ]
 
 
+def override_columns(df: pd.DataFrame, metrics: Sequence[str]) -> list[str]:
+    """The columns of a collected table that hold overrides."""
+    return [c for c in df.columns if c not in JOB_COLUMNS and c not in metrics]
+
+
+def swept(df: pd.DataFrame, metrics: Sequence[str]) -> list[str]:
+    """The overrides that differ between the jobs of a collected table."""
+    return [c for c in override_columns(df, metrics) if df[c].map(repr).nunique() > 1]
+
+
+def log_scale(values: np.ndarray) -> dict[str, Any] | None:
+    """The scale for an axis of these values when their nonzero magnitudes span two orders of
+    magnitude or more: `log`, or `symlog` (linear below the smallest magnitude) when a value
+    is 0 or negative; else None (linear)."""
+    finite = values[np.isfinite(values)]
+    nonzero = np.abs(finite[finite != 0])
+    if not len(nonzero) or nonzero.max() < 100 * nonzero.min():
+        return None
+    if (finite > 0).all():
+        return {"value": "log"}
+    return {"value": "symlog", "linthresh": float(nonzero.min())}
+
+
+def _label(value: Any) -> str:
+    """An override value as it is written on Hydra's command line."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+def plot(df: pd.DataFrame, y: str, x: str, metrics: Sequence[str]) -> Figure:
+    """`y` against `x` over the jobs of a collected table (see the module's docstring).
+
+    ValueError if a column is missing or no job has a numeric `y` (the figure would be empty).
+    """
+    import matplotlib.pyplot as plt
+
+    for name, column in (("--x", x), ("--plot", y)):
+        if column not in df:
+            raise ValueError(f"{name} {column!r} is not a column; the columns: {list(df.columns)}")
+    values = pd.to_numeric(df[y], errors="coerce").astype(float)
+    if not values.notna().any():
+        raise ValueError(f"no job has a numeric {y} to plot ({len(df)} jobs)")
+    varied = swept(df, metrics)
+    # one series per combination of the other swept overrides (when x is one of them: against
+    # another column, such as a throughput, every job is one point of one curve)
+    others = [c for c in varied if c != x] if x in varied else []
+    series = (
+        df[others].apply(lambda r: ", ".join(f"{c}={_label(r[c])}" for c in others), axis=1)
+        if others
+        else pd.Series("", index=df.index)
+    )
+    numeric = pd.api.types.is_numeric_dtype(df[x]) and not pd.api.types.is_bool_dtype(df[x])
+    fig, ax = plt.subplots(figsize=(7, 4.5), layout="constrained")
+    names = list(dict.fromkeys(series))
+    if numeric:
+        xs = df[x].to_numpy(dtype=float)
+        for name in names:
+            sel = (series == name).to_numpy()
+            order = np.argsort(xs[sel], kind="stable")
+            ax.plot(xs[sel][order], values[sel].to_numpy()[order], marker="o", label=name or y)
+        scale = log_scale(xs)
+        if scale:
+            ax.set_xscale(**scale)
+    else:
+        _bars(ax, df[x].map(_label), values, series, names)
+    ax.set_xlabel(x)
+    ax.set_ylabel(y)
+    what = ", ".join(f"{c} ({df[c].map(repr).nunique()} values)" for c in varied)
+    ax.set_title(f"{y} against {x}\nsweep of {what or 'nothing (no override differs)'}")
+    if others:
+        ax.legend(fontsize="small")
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def _bars(ax: Axes, x: pd.Series, y: pd.Series, series: pd.Series, names: list[str]) -> None:
+    """One bar per category of `x` (in the order the jobs ran), side by side per series."""
+    categories = list(dict.fromkeys(x))
+    width = 0.8 / len(names)
+    for i, name in enumerate(names):
+        sel = series == name
+        pos = x[sel].map(categories.index).to_numpy(dtype=float)
+        ax.bar(pos - 0.4 + width * (i + 0.5), y[sel], width=width, label=name or None)
+    ax.set_xticks(range(len(categories)), categories)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("sweep_dir")
@@ -196,12 +322,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--x", help="the swept override on the x axis, e.g. topology.num_workers")
     ap.add_argument("--plot-out", default="sweep.png")
     args = ap.parse_args(argv)
+    metrics = tuple(m for m in args.metrics.split(",") if m)
     try:
-        df = collect(args.sweep_dir, tuple(m for m in args.metrics.split(",") if m))
+        df = collect(args.sweep_dir, metrics)
     except FileNotFoundError as e:
         print(f"collect: {e}", file=sys.stderr)
         return 2
-    print(df.to_markdown(index=False) if _has_tabulate() else df.to_string(index=False))
+    try:
+        print(markdown(df, lambda c: "ratio" in c or "rps" in c or "fraction" in c, aligned=True))
+    except ImportError:  # tabulate comes with the sweep and dev extras
+        print(df.to_string(index=False))
     bad = not_completed(df)
     if bad:
         print(f"collect: {len(bad)} of {len(df)} jobs did not complete:", file=sys.stderr)
@@ -210,33 +340,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         df.to_csv(args.out, index=False)
     if args.plot:
-        if not args.x or args.x not in df:
+        if not args.x:
             print(f"collect: --plot needs --x, one of {list(df.columns)}", file=sys.stderr)
             return 2
         import matplotlib
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        x = pd.to_numeric(df[args.x], errors="coerce")
-        order = x.argsort()
-        fig, ax = plt.subplots(figsize=(6, 4))
-        ax.plot(x.iloc[order], df[args.plot].iloc[order], marker="o")
-        ax.set_xlabel(args.x)
-        ax.set_ylabel(args.plot)
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
+        try:
+            fig = plot(df, args.plot, args.x, metrics)
+        except ValueError as e:
+            print(f"collect: {e}", file=sys.stderr)
+            return 2
         fig.savefig(args.plot_out, dpi=120)
         print(f"plot: {args.plot_out}")
     return 0
-
-
-def _has_tabulate() -> bool:
-    try:
-        import tabulate  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 if __name__ == "__main__":

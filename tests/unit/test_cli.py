@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -14,8 +13,6 @@ from conftest import TINY_ROWS, run_servesim, write_jsonl
 
 from servesim import native
 from servesim.cli import format_summary
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def servesim(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -90,28 +87,7 @@ def test_multirun_sweeps_each_value(tmp_path, tiny_trace):
     assert len(summaries) == 2
     workers = sorted(json.loads(p.read_text())["metadata"]["num_workers"] for p in summaries)
     assert workers == [1, 2]
-    # experiments/collect.py turns the sweep into one table and a plot
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "experiments" / "collect.py"),
-            "sweep",
-            "--out",
-            "sweep.csv",
-            "--plot",
-            "mean_ttft_ms",
-            "--x",
-            "topology.num_workers",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-    )
-    assert out.returncode == 0, out.stderr
-    table = pd.read_csv(tmp_path / "sweep.csv")
-    assert list(table["topology.num_workers"]) == [1, 2]
-    assert table["completed_requests"].tolist() == [3, 3]
-    assert (tmp_path / "sweep.png").stat().st_size > 0
+    # (tests/tools/test_collect.py turns such a sweep into a table and a plot)
 
 
 def test_bad_config_value_exits_2_naming_the_path(tmp_path):

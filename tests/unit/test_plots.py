@@ -181,16 +181,24 @@ def test_kv_occupancy_steps_each_pool_from_time_zero(result):
     assert kv["cached_blocks"].max() > 0  # shared prefixes were cached
 
 
+def cdf_points(line) -> tuple[np.ndarray, np.ndarray]:
+    """The (sample, fraction of samples at or below it) points of an `Axes.ecdf` line, which
+    opens at (shortest sample, 0)."""
+    x, y = np.asarray(line.get_xdata()), np.asarray(line.get_ydata())
+    assert x[0] == x[1] and y[0] == 0
+    return x[1:], y[1:]
+
+
 def test_itl_distribution_cdfs(result):
     ax = plots.itl_distribution(result)
     labels = [line.get_label() for line in ax.get_lines()]
     assert [s.split(":")[0] for s in labels] == ["TPOT per request", "TTFT", "ITL (every gap)"]
     done = result.requests[result.requests["terminal_status"] == "completed"]
     tpot, ttft, itl = ax.get_lines()
-    assert len(ttft.get_xdata()) == done["ttft_ms"].notna().sum()
-    assert len(itl.get_xdata()) == (done["output_length"] - 1).sum()
+    np.testing.assert_allclose(cdf_points(ttft)[0], np.sort(done["ttft_ms"].dropna()))
+    assert len(cdf_points(itl)[0]) == (done["output_length"] - 1).sum()
     for line in (tpot, ttft, itl):
-        y = np.asarray(line.get_ydata())
+        _, y = cdf_points(line)
         assert y[-1] == 1.0 and (np.diff(y) > 0).all()
     median = result.summary["median_ttft_ms"]
     assert f"p50 {median:,.1f}" in labels[1]
@@ -435,14 +443,17 @@ def test_latency_comparison_one_line_per_run_in_each_panel(pd_result, agg_result
         lines = ax.get_lines()
         assert [line.get_label().split(":")[0] for line in lines] == list(runs)
         for line, result in zip(lines, runs.values(), strict=True):
-            np.testing.assert_allclose(line.get_xdata(), np.sort(result.requests[column]))
-            assert line.get_ydata()[-1] == 1.0
+            x, y = cdf_points(line)
+            np.testing.assert_allclose(x, np.sort(result.requests[column]))
+            assert y[-1] == 1.0
     assert f"p50 {pd_result.summary['median_ttft_ms']:,.1f}" in ttft_ax.get_lines()[0].get_label()
     for line, result in zip(gaps_ax.get_lines(), runs.values(), strict=True):
         n_gaps = (result.requests["output_length"] - 1).sum()
-        assert len(line.get_xdata()) == n_gaps
-        y = np.asarray(line.get_ydata())
-        assert y[0] == 1.0 and y[-1] == pytest.approx(1 / n_gaps)
+        # the fraction of gaps longer than x: 1 before the shortest gap, 1/n up to the longest,
+        # 0 from there
+        x, y = np.asarray(line.get_xdata()), np.asarray(line.get_ydata())
+        assert len(x) == n_gaps + 1 and x[-1] == x[-2]
+        assert y[0] == 1.0 and y[-2] == pytest.approx(1 / n_gaps) and y[-1] == 0
         assert f"max {result.summary['max_itl_ms']:,.1f}" in line.get_label()
     assert gaps_ax.get_yscale() == "log" and tpot_ax.get_xscale() == "linear"
 
