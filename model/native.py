@@ -244,6 +244,31 @@ def build(force: bool = False) -> Path:
     return dest
 
 
+def typecheck() -> int:
+    """Type-check the whole package with mypy as `servesim` (the name mypyc compiles it under;
+    run on the folder, mypy would call it `model`); returns mypy's exit status."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    if importlib.util.find_spec("mypy") is None:
+        raise NativeBuildError("the type check needs mypy: pip install -e '.[dev]'")
+    with tempfile.TemporaryDirectory(prefix="servesim-check-") as tmp:
+        src = Path(tmp)
+        shutil.copytree(
+            PACKAGE_DIR, src / "servesim", ignore=shutil.ignore_patterns("__pycache__", "*.so")
+        )
+        (src / "mypy.ini").write_text(MYPY_INI)
+        proc = subprocess.run(
+            [sys.executable, "-m", "mypy", "--config-file", "mypy.ini", "-p", "servesim"],
+            cwd=src,
+            capture_output=True,
+            text=True,
+        )
+    print((proc.stdout + proc.stderr).replace(str(src) + os.sep, "").rstrip())
+    return proc.returncode
+
+
 def prune(root: Path, current: Path) -> list[Path]:
     """Remove the builds in `root` but `current` and the `KEEP` - 1 newest others (other
     checkouts, or other states of these sources, may use them); returns those removed."""
@@ -278,10 +303,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="servesim-native",
         description="Compile servesim's hot modules with mypyc (same source, same answers, "
-        "faster), or say which build is in use.",
+        "faster), say which build is in use, or type-check the package (check).",
     )
     parser.add_argument(
-        "command", choices=("build", "status", "clean"), nargs="?", default="status"
+        "command", choices=("build", "status", "clean", "check"), nargs="?", default="status"
     )
     parser.add_argument("--force", action="store_true", help="rebuild even if built")
     args = parser.parse_args(argv)
@@ -298,6 +323,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         print(f"servesim-native: built {len(MODULES)} modules in {where}")
         return 0
+    if args.command == "check":
+        try:
+            return typecheck()
+        except NativeBuildError as exc:
+            print(f"servesim-native: {exc}", file=sys.stderr)
+            return 1
     if args.command == "clean":
         print(f"servesim-native: removed {clean()} build(s) from {cache_root()}")
         return 0

@@ -34,6 +34,7 @@ class Scheduler(Protocol):
     tiers: RankTiers | None  # G2 / G3 below the pool, if configured
     deferred: deque[Request]  # requests set aside waiting for blocks on their way
     pending_reservations: deque[Request]  # a decode rank's requests waiting for KV
+    running: list[Request]
     n_preemptions: int
     n_committed_prefill_tokens: int
 
@@ -47,6 +48,9 @@ class Scheduler(Protocol):
         end_ms: float,
         on_first_token: Callable[[Request], None] | None = None,
     ) -> list[Request]: ...
+    def queued(self) -> list[Request]:
+        """Every request here that is not running (for the run's end: what was in flight)."""
+        ...
 
     # ------------------------------------------------------------ the P/D handoff
     def reserve(self, req: Request) -> tuple[int, list[Any]] | None: ...
