@@ -127,3 +127,18 @@ def test_a_patched_shipped_method_is_honoured_or_refused(config, tmp_path):
     finally:
         vllm.VllmScheduler.schedule = original  # type: ignore[method-assign]
     assert len(calls) >= result.summary["n_passes"] > 0
+
+
+def test_the_docs_example_runs(capsys):
+    """docs/schedulers.md's example, as written, registers its policy and replays with it."""
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "schedulers.md").read_text()
+    (code,) = re.findall(r"```python\n(.*?)```", doc, re.S)
+    try:
+        exec(compile(code, "docs/schedulers.md", "exec"), {})
+    finally:
+        SCHEDULERS.pop("shortest_prompt_first", None)
+    fifo, spf = (float(x) for x in capsys.readouterr().out.split())
+    assert fifo > 0 and spf > 0
