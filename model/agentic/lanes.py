@@ -47,7 +47,7 @@ from servesim.clock import AGENTIC_RELEASE, at_time
 from servesim.cluster.base import ClusterBase
 from servesim.config.schema import AgenticOptions
 from servesim.metrics.recorder import COMPLETED, INCOMPLETE, Recorder
-from servesim.workload.agentic import AgenticGraph, Node
+from servesim.workload.agentic_graph import AgenticGraph, Node
 from servesim.workload.hashing import BlockHasher
 from servesim.workload.request import Request
 

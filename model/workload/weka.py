@@ -68,16 +68,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from servesim.workload.agentic import (
+from servesim.workload.agentic_graph import (
     AgenticGraph,
     Dependency,
     Node,
     Play,
-    _check_acyclic,
-    _index,
-    _lines,
+    check_acyclic,
+    index_nodes,
 )
 from servesim.workload.errors import TraceError, existing, read_utf8
+from servesim.workload.json_lines import read_json_lines
 from servesim.workload.mooncake import _int, _ms
 
 __all__ = ["NESTED_TIMESTAMP_BASES", "read_weka"]
@@ -167,9 +167,9 @@ def read_weka(
     interner = _Interner()
     lowered = [Play(p.play_id, i, _lower_play(p, i, t0, interner)) for i, p in enumerate(plays)]
     nodes = [n for p in lowered for n in p.nodes]
-    by_id = _index(root, nodes)
+    by_id = index_nodes(root, nodes)
     for source, play in zip(plays, lowered, strict=True):
-        _check_acyclic(source.file, play.play_id, play.nodes, by_id)
+        check_acyclic(source.file, play.play_id, play.nodes, by_id)
     graph = AgenticGraph(
         plays=tuple(lowered),
         block_size=block_size,
@@ -211,7 +211,7 @@ def _walk(folder: Path, out: list[Path]) -> None:
 
 def _play_objects(file: Path) -> list[tuple[int, dict[str, Any]]]:
     if file.suffix == ".jsonl":
-        return _lines(file)
+        return read_json_lines(file)
     text = read_utf8(file)
     if not text.strip():
         return []
