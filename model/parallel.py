@@ -25,7 +25,9 @@ import multiprocessing
 import pickle
 import tempfile
 from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
+from multiprocessing.context import BaseContext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -131,8 +133,8 @@ def rows_of(cfg: RunConfig, k: int, n: int) -> Callable[[int], bool]:
 
 def run_parts(cfg: RunConfig, n: int, replay_part: Callable[[RunConfig, int, int], Part]) -> Part:
     """Replay parts 1..n-1 in child processes and part 0 here; their merged records. An error
-    in any part (a bad trace row: every part reads every row) is raised here, and the other
-    parts are stopped.
+    in any part (a bad trace row: every part reads every row) is raised here, a child's with a
+    note naming its part; on any error or interrupt the children are ended before it is.
 
     A child leaves its part in a file rather than sending it back: a result sent through the
     pool would be received (whole, then unpickled) while this process still replays its own
@@ -140,17 +142,20 @@ def run_parts(cfg: RunConfig, n: int, replay_part: Callable[[RunConfig, int, int
     Read from the files after this part's replay, one part at a time, each merged record
     column is freed as soon as it is absorbed. A child that cannot write its file (a full
     disk) sends its part back instead."""
-    methods = multiprocessing.get_all_start_methods()
-    ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
     with tempfile.TemporaryDirectory(prefix="servesim-parts-") as tmp:
         paths = [Path(tmp) / f"part-{k}.pickle" for k in range(1, n)]
-        with ctx.Pool(n - 1) as pool:
+        pool = ProcessPoolExecutor(max_workers=n - 1, mp_context=_start_method())
+        try:
             pending = [
-                pool.apply_async(_replay_to_file, (replay_part, cfg, k, n, path))
+                pool.submit(_replay_to_file, replay_part, cfg, k, n, path)
                 for k, path in enumerate(paths, start=1)
             ]
             merged = replay_part(cfg, 0, n)
-            sent = [p.get() for p in pending]
+            sent = [_result(f, k, n) for k, f in enumerate(pending, start=1)]
+        except BaseException:  # an interrupt too: no child may go on replaying, or outlive us
+            _end_children(pool)
+            raise
+        pool.shutdown()
         for path, part in zip(paths, sent, strict=True):
             if part is None:
                 with path.open("rb") as fh:
@@ -161,6 +166,41 @@ def run_parts(cfg: RunConfig, n: int, replay_part: Callable[[RunConfig, int, int
             merged.ranks.extend(part.ranks)
             merged.stopped_at = max(merged.stopped_at, part.stopped_at)
     return merged
+
+
+def _start_method() -> BaseContext:
+    """Fork where the platform has it. A forked child starts at once with the parent's
+    modules already imported (a spawned one would import servesim, numpy, pandas and simpy
+    again before its replay, and re-run the caller's main module), and with the parent's
+    state as it is (a module patched at run time, as the full-disk test does, is patched in
+    the child too). The children are forked when the first part is submitted, before this
+    process builds its own part, so they do not copy it; each part reads the trace itself.
+    Without fork (Windows), spawn."""
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+
+
+def _result(future: Future[Part | None], k: int, n: int) -> Part | None:
+    """A child's outcome; its error (raised in the child, with the child's traceback as its
+    cause) says which part it came from."""
+    try:
+        return future.result()
+    except Exception as e:
+        e.add_note(f"(raised by part {k} of {n} of a partitioned replay, in a child process)")
+        raise
+
+
+def _end_children(pool: ProcessPoolExecutor) -> None:
+    """Cancel the parts not started and end the children now, however far they are."""
+    # ProcessPoolExecutor has no public way to stop busy workers before Python 3.14
+    # (terminate_workers); its map of worker processes is the handle it keeps on them, and it
+    # drops the map on shutdown, so it is read first
+    children = list((pool._processes or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for child in children:
+        child.terminate()
+    for child in children:
+        child.join()
 
 
 def _replay_to_file(

@@ -34,7 +34,7 @@ from typing import Any
 
 import simpy
 
-from servesim.agentic.play import PlayRun
+from servesim.agentic.play import NodeRun, PlayRun
 from servesim.agentic.snapshot import (
     PlayPlan,
     full_plan,
@@ -47,7 +47,7 @@ from servesim.clock import AGENTIC_RELEASE, at_time
 from servesim.cluster.base import ClusterBase
 from servesim.config.schema import AgenticOptions
 from servesim.metrics.recorder import COMPLETED, INCOMPLETE, Recorder
-from servesim.workload.agentic import AgenticGraph, Node
+from servesim.workload.agentic_graph import AgenticGraph, Node
 from servesim.workload.hashing import BlockHasher
 from servesim.workload.request import Request
 
@@ -108,7 +108,7 @@ class AgenticReplay:
         self.profile: dict[str, Any] | None = None
         self.idle_shifts: list[dict[str, Any]] = []
         self._drained: simpy.Event | None = None
-        self._released: list[tuple[str, int, PlayRun, Any]] = []
+        self._released: list[tuple[str, int, PlayRun, NodeRun]] = []
         self._flush_armed = False
 
     # ------------------------------------------------------------------ start
@@ -224,12 +224,12 @@ class AgenticReplay:
         self.request_rows.append((request_id, play, node.request_id, lane, phase))
         return req
 
-    def make_request(self, run: PlayRun, nr: Any) -> Request:
+    def make_request(self, run: PlayRun, nr: NodeRun) -> Request:
         node = nr.live.node
         rid = node.request_id if run.salt is None else f"{run.instance_id}/{node.request_id}"
         return self._request(node, run.salt, rid, run.instance_id, run.lane, run.phase)
 
-    def release(self, run: PlayRun, nr: Any) -> None:
+    def release(self, run: PlayRun, nr: NodeRun) -> None:
         """`nr` of `run` is due now: dispatch it with the instant's other releases."""
         node = nr.live.node
         key = node.request_id if run.salt is None else f"{run.instance_id}/{node.request_id}"

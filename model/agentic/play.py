@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import simpy
 
@@ -23,10 +23,32 @@ from servesim.clock import ARRIVAL, at_time
 from servesim.metrics.recorder import COMPLETED
 from servesim.workload.request import Request
 
-if TYPE_CHECKING:
-    from servesim.agentic.lanes import AgenticReplay
-
 RUNNING, COMPLETED_PLAY, FAILED, INCOMPLETE_PLAY = "running", "completed", "failed", "incomplete"
+
+
+class PlayHost(Protocol):
+    """What a play instance asks of the replay that runs it (`lanes.AgenticReplay`): declared
+    here so this module needs nothing of the lanes, which create the plays."""
+
+    env: simpy.Environment
+
+    def release(self, run: PlayRun, nr: NodeRun) -> None:
+        """`nr` is due now: dispatch it (via `run.dispatch`) with the instant's other releases."""
+
+    def admission_open(self) -> bool:
+        """Whether new requests may still be dispatched."""
+
+    def make_request(self, run: PlayRun, nr: NodeRun) -> Request:
+        """The request that replays `nr` in `run`."""
+
+    def dispatch(self, req: Request) -> None:
+        """Send `req` to the cluster (one more client request in flight)."""
+
+    def client_ended(self, run: PlayRun) -> None:
+        """A request of `run` reached its client-visible terminal."""
+
+    def play_settled(self, run: PlayRun) -> None:
+        """`run` settled to its outcome."""
 
 
 class NodeRun:
@@ -61,7 +83,7 @@ class PlayRun:
 
     def __init__(
         self,
-        replay: AgenticReplay,
+        replay: PlayHost,
         plan: PlayPlan,
         instance_id: str,
         lane: int | None,

@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from servesim.workload.agentic import AgenticGraph, Dependency, Node, Play
+from servesim.workload.agentic_graph import AgenticGraph, Dependency, Node, Play
 from servesim.workload.errors import TraceError
 
 SNAPSHOT_SCHEMA = "servesim.agentic.snapshot.v1"

@@ -1,4 +1,4 @@
-"""Agentic Mooncake traces as a validated graph: plays of requests joined by typed dependencies.
+"""Agentic Mooncake trace files: read into the validated agentic graph, and written from one.
 
 Two file variants (reference §1.3), told apart by the first non-blank line:
 
@@ -17,7 +17,8 @@ Two file variants (reference §1.3), told apart by the first non-blank line:
 
 The whole file is read and checked before the graph is returned (this is not a streaming
 reader): every problem is a `TraceError` naming the file and line, and the play / request where
-that helps. `servesim.agentic` replays the graph.
+that helps. The graph (plays, nodes, typed dependencies) and its checks are
+`servesim.workload.agentic_graph`; `servesim.agentic` replays it.
 """
 
 from __future__ import annotations
@@ -25,14 +26,26 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal, TextIO
+from typing import Any
 
-from servesim.workload.errors import TraceError, check_utf8, existing, open_text
+from servesim.workload.agentic_graph import (
+    RELATIONS,
+    TRIGGERS,
+    AgenticGraph,
+    Dependency,
+    Node,
+    Play,
+    Relation,
+    check_acyclic,
+    index_nodes,
+)
+from servesim.workload.errors import TraceError, existing
+from servesim.workload.json_lines import read_json_lines
 from servesim.workload.mooncake import _ms, parse_row
 
+# the graph's types are named here too, where the reader and writer that use them live
 __all__ = [
     "AgenticGraph",
     "Dependency",
@@ -44,77 +57,7 @@ __all__ = [
 
 SCHEMA = "dynamo.agentic_mooncake"
 SUPPORTED_VERSIONS = (2,)
-TRIGGERS = ("dispatch", "completion")
-RELATIONS = ("sequence", "spawn", "join", "replay_barrier")
 DEPENDENCY_KEYS = frozenset({"request_id", "trigger", "delay_ms", "relation"})
-
-Trigger = Literal["dispatch", "completion"]
-Relation = Literal["sequence", "spawn", "join", "replay_barrier"]
-
-
-@dataclass(frozen=True, slots=True)
-class Dependency:
-    """One edge into a node: it may be released `delay_ms` after the predecessor `request_id`
-    was dispatched (trigger "dispatch") or reached its client-visible terminal ("completion")."""
-
-    request_id: str
-    trigger: Trigger
-    delay_ms: float
-    relation: Relation
-
-
-@dataclass(frozen=True, slots=True)
-class Node:
-    """One authored request of a play (times in ms, lengths in tokens)."""
-
-    request_id: str
-    session_id: str | None
-    model: str | None
-    input_length: int
-    output_length: int
-    hash_ids: tuple[int, ...]
-    not_before_ms: float | None  # authored earliest start; None: released by dependencies only
-    dependencies: tuple[Dependency, ...]
-    play_id: str
-    line: int  # the file line it came from
-    # when the source recorded this request start / how long its call took (ms), if it did;
-    # snapshot cuts are placed on these (missing starts are derived from the graph)
-    recorded_start_ms: float | None = None
-    recorded_api_time_ms: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Play:
-    """A connected set of nodes replayed together; `ordinal` is its position in the graph."""
-
-    play_id: str
-    ordinal: int
-    nodes: tuple[Node, ...]  # in file order
-
-
-@dataclass(frozen=True, slots=True)
-class AgenticGraph:
-    """Every play of one agentic trace file, validated, with where it came from."""
-
-    plays: tuple[Play, ...]
-    block_size: int  # tokens per hash id (the v2 header's, else trace_block_size)
-    path: str
-    variant: Literal["v2", "legacy", "weka", "dynamo", "synthetic"]
-    version: int | None = None  # the header's version (v2 only)
-    source: dict[str, Any] | None = None  # the header's `source` object (v2 only)
-    hash_id_scope: str | None = None
-    source_models: tuple[str, ...] = ()  # distinct model names seen in rows, sorted
-    # v2 files that set source_play_ordinal: `plays` is in that order, which replay keeps
-    # (otherwise replay sorts plays by id, as Dynamo does)
-    ordered_by_source: bool = False
-    _by_id: dict[str, Node] = field(default_factory=dict, repr=False, compare=False)
-
-    def node(self, request_id: str) -> Node:
-        return self._by_id[request_id]
-
-    @property
-    def nodes(self) -> tuple[Node, ...]:
-        return tuple(n for p in self.plays for n in p.nodes)
 
 
 # --------------------------------------------------------------------------- field helpers
@@ -131,37 +74,9 @@ def _text(obj: dict[str, Any], key: str, where: str, required: bool = True) -> s
     return str(value)
 
 
-def _utf8(path: Path) -> TextIO:
-    return open_text(path)
-
-
 def _optional_ms(obj: dict[str, Any], key: str, where: str) -> float | None:
     value = obj.get(key)
     return None if value is None else _ms(value, key, where)
-
-
-def _lines(
-    path: Path, opener: Callable[[Path], TextIO] | None = None
-) -> list[tuple[int, dict[str, Any]]]:
-    """The non-blank lines of a JSON Lines file as (line number, object); `opener` opens it
-    as text with bytes that are not UTF-8 escaped (default: `errors.open_text`); such a byte
-    is an error naming its line."""
-    out = []
-    with (opener or _utf8)(path) as fh:
-        for line_no, text in enumerate(fh, start=1):
-            if not text.strip():
-                continue
-            check_utf8(text, f"{path}:{line_no}")
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise TraceError(f"{path}:{line_no}: not valid JSON ({e.msg})") from None
-            if not isinstance(obj, dict):
-                raise TraceError(
-                    f"{path}:{line_no}: expected a JSON object, got {type(obj).__name__}"
-                )
-            out.append((line_no, obj))
-    return out
 
 
 # --------------------------------------------------------------------------- reader
@@ -174,7 +89,7 @@ def read_agentic_mooncake(path: str | Path, trace_block_size: int = 512) -> Agen
     if trace_block_size <= 0:
         raise TraceError("trace_block_size must be greater than 0")
     path = existing(path)
-    lines = _lines(path)
+    lines = read_json_lines(path)
     if not lines:
         raise TraceError(f"trace file {path} did not contain any requests")
     first_line, first = lines[0]
@@ -270,7 +185,7 @@ def _read_v2(
             )
         )
 
-    by_id = _index(path, nodes)
+    by_id = index_nodes(path, nodes)
     for n in nodes:
         for d in n.dependencies:
             pred = by_id[d.request_id]
@@ -286,7 +201,7 @@ def _read_v2(
         members[n.play_id].append(n)
     plays = tuple(Play(pid, i, tuple(members[pid])) for i, pid in enumerate(order))
     for p in plays:
-        _check_acyclic(path, p.play_id, p.nodes, by_id)
+        check_acyclic(path, p.play_id, p.nodes, by_id)
     return AgenticGraph(
         plays=plays,
         block_size=block_size,
@@ -367,61 +282,6 @@ def _v2_play_order(path: Path, ordinals: dict[str, tuple[int | None, int]]) -> l
     return [by_ordinal[k] for k in sorted(by_ordinal)]
 
 
-def _index(path: Path, nodes: list[Node]) -> dict[str, Node]:
-    """Nodes by request_id; duplicate ids and unknown predecessors are errors."""
-    by_id: dict[str, Node] = {}
-    for n in nodes:
-        if n.request_id in by_id:
-            raise TraceError(
-                f"{path}:{n.line}: duplicate request_id {n.request_id} "
-                f"(first at line {by_id[n.request_id].line})"
-            )
-        by_id[n.request_id] = n
-    for n in nodes:
-        for d in n.dependencies:
-            if d.request_id not in by_id:
-                play = f" in play {n.play_id}" if n.play_id else ""
-                raise TraceError(
-                    f"{path}:{n.line}: request {n.request_id}{play} depends on "
-                    f"unknown request_id {d.request_id}"
-                )
-    return by_id
-
-
-def _check_acyclic(
-    path: Path, play_id: str, nodes: tuple[Node, ...], by_id: dict[str, Node]
-) -> None:
-    """Kahn's algorithm; on a cycle, walk predecessors among the leftovers to a node on it."""
-    indegree = {n.request_id: len(n.dependencies) for n in nodes}
-    children: dict[str, list[str]] = {n.request_id: [] for n in nodes}
-    for n in nodes:
-        for d in n.dependencies:
-            children[d.request_id].append(n.request_id)
-    ready = [rid for rid, k in indegree.items() if k == 0]
-    while ready:
-        rid = ready.pop()
-        for child in children[rid]:
-            indegree[child] -= 1
-            if indegree[child] == 0:
-                ready.append(child)
-    left = [n for n in nodes if indegree[n.request_id] > 0]
-    if not left:
-        return
-    walk: list[str] = []
-    rid = left[0].request_id
-    while rid not in walk:
-        walk.append(rid)
-        rid = next(d.request_id for d in by_id[rid].dependencies if indegree[d.request_id] > 0)
-    cycle = walk[walk.index(rid) :]
-    cycle.reverse()  # predecessor -> successor order
-    on_cycle = by_id[cycle[0]]
-    shown = " -> ".join([*cycle, cycle[0]])
-    raise TraceError(
-        f"{path}:{on_cycle.line}: cycle detected in play {play_id} at request "
-        f"{on_cycle.request_id} ({shown})"
-    )
-
-
 # --------------------------------------------------------------------------- legacy rows
 
 
@@ -483,7 +343,7 @@ def _read_legacy(
             i = parent[i]
         return i
 
-    _index(path, nodes)  # duplicate ids and unknown predecessors (plays are not known yet)
+    index_nodes(path, nodes)  # duplicate ids and unknown predecessors (plays are not known yet)
     index = {n.request_id: i for i, n in enumerate(nodes)}
     for n in nodes:
         for d in n.dependencies:
@@ -509,7 +369,7 @@ def _read_legacy(
     plays = tuple(Play(pid, i, tuple(ns)) for i, (_, pid, ns) in enumerate(labelled))
     by_id = {n.request_id: n for p in plays for n in p.nodes}
     for p in plays:
-        _check_acyclic(path, p.play_id, p.nodes, by_id)
+        check_acyclic(path, p.play_id, p.nodes, by_id)
     return AgenticGraph(
         plays=plays,
         block_size=trace_block_size,

@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 
 from servesim.config.schema import AgenticSyntheticWorkload
-from servesim.workload.agentic import AgenticGraph, Dependency, Node, Play, _check_acyclic
+from servesim.workload.agentic_graph import AgenticGraph, Dependency, Node, Play, check_acyclic
 from servesim.workload.synthetic import sample_length
 
 __all__ = ["NOMINAL_CALL_MS", "NOMINAL_MS_PER_OUTPUT_TOKEN", "generate_agentic"]
@@ -210,7 +210,7 @@ def generate_agentic(cfg: AgenticSyntheticWorkload, rng: np.random.Generator) ->
     plays = tuple(_play(cfg, rng, p, system_ids, fresh, line) for p in range(cfg.num_plays))
     by_id = {n.request_id: n for play in plays for n in play.nodes}
     for play in plays:
-        _check_acyclic(Path(PATH), play.play_id, play.nodes, by_id)
+        check_acyclic(Path(PATH), play.play_id, play.nodes, by_id)
     return AgenticGraph(
         plays=plays,
         block_size=block_size,

@@ -28,7 +28,8 @@ from servesim.config.schema import (
     WekaWorkload,
     WorkloadConfig,
 )
-from servesim.workload.agentic import AgenticGraph, read_agentic_mooncake
+from servesim.workload.agentic import read_agentic_mooncake
+from servesim.workload.agentic_graph import AgenticGraph
 from servesim.workload.azure import read_azure
 from servesim.workload.errors import TraceError
 from servesim.workload.hashing import BlockHasher

@@ -59,16 +59,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from servesim.workload.agentic import (
+from servesim.workload.agentic_graph import (
     AgenticGraph,
     Dependency,
     Node,
     Play,
-    _check_acyclic,
-    _index,
-    _lines,
+    check_acyclic,
+    index_nodes,
 )
 from servesim.workload.errors import TraceError, TraceRow, existing, open_text
+from servesim.workload.json_lines import read_json_lines
 from servesim.workload.mooncake import _int, _ms, non_negative_ints, parse_row
 
 __all__ = ["SCHEMA", "DynamoRows", "read_dynamo_trace", "trace_block_size_of"]
@@ -213,7 +213,7 @@ def read_dynamo_trace(
 
 
 def _open(file: Path) -> TextIO:
-    """A shard as text, bytes that are not UTF-8 escaped for `_lines` to report by line."""
+    """A shard as text, bytes that are not UTF-8 escaped for `read_json_lines` to report by line."""
     if file.suffix == ".gz":
         return gzip.open(file, "rt", encoding="utf-8", errors="surrogateescape")
     return open_text(file)
@@ -221,7 +221,7 @@ def _open(file: Path) -> TextIO:
 
 def _records(file: Path) -> list[tuple[int, dict[str, Any]]]:
     try:
-        return _lines(file, _open)
+        return read_json_lines(file, _open)
     except (OSError, EOFError, zlib.error) as e:  # a truncated or non-gzip .gz shard
         raise TraceError(f"{file}: cannot read the gzip stream ({e})") from None
 
@@ -423,11 +423,11 @@ def _lower(
     plays = tuple(Play(pid, i, tuple(ns)) for i, (pid, ns) in enumerate(members_of.items()))
     nodes = [n for p in plays for n in p.nodes]
     # ids are unique and every edge names a request of the trace (checked above, with shard
-    # and line), so _index cannot fail here
-    by_id = _index(files[0], nodes)
+    # and line), so index_nodes cannot fail here
+    by_id = index_nodes(files[0], nodes)
     file_of = {r.request_id: r.file for r in requests}
     for p in plays:  # a cycle is reported in the shard of the play's first request
-        _check_acyclic(file_of[p.nodes[0].request_id], p.play_id, p.nodes, by_id)
+        check_acyclic(file_of[p.nodes[0].request_id], p.play_id, p.nodes, by_id)
     digest = hashlib.sha256()
     for f in files:
         digest.update(f.read_bytes())

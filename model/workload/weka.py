@@ -1,23 +1,8 @@
-"""Weka / AgentX agent corpora as a validated agentic graph: each play's recorded LLM calls and
-sub-agent runs, lowered to plays of requests joined by typed dependencies (reference §1.4).
+"""Weka / AgentX agent corpora lowered to a validated agentic graph: each play's recorded LLM
+calls and sub-agent runs become plays of requests joined by typed dependencies (reference §1.4).
 
-**Input.** A `.json` file (one play object), a `.jsonl` file (one play object per non-blank
-line), or a directory searched recursively for both, in sorted name order at every level
-(other files are ignored; a symlink anywhere below the directory is an error naming it). A play
-has `id`, `block_size` (tokens per hash id, equal in every play of the corpus),
-`hash_id_scope` (must be `"local"`) and a non-empty `requests` list; `models`, `tool_tokens`,
-`system_tokens`, `totals` and unknown keys are ignored. Each entry of `requests` has a `type`:
-
-* `"n"` / `"s"`: an LLM call with `t` (start, seconds), optional `api_time` (seconds; missing
-  means unknown, not 0), `in` (input tokens, > 0), `out` (output tokens, >= 0), `model` and
-  `hash_ids` (one id per `block_size` tokens, non-negative ints);
-* `"subagent"`: a marker with `t`, `agent_id` (unique in its play), optional `duration_ms`,
-  `status`, `subagent_type`, and its own `requests` (calls of type n/s only).
-
-**Nested timestamps.** `nested_timestamp_basis="absolute"` reads a sub-agent's call times as
-given, `"relative"` adds the marker's `t` to them, `"auto"` picks `"relative"` when any nested
-call in the corpus starts before its marker and `"absolute"` otherwise (`"not_applicable"` when
-the corpus has no nested calls). The resolved basis is returned beside the graph.
+The corpus format (files, play objects, calls, sub-agent markers) and the nested timestamp
+basis are read and checked by `servesim.workload.weka_corpus`; what follows is the lowering.
 
 **Lowering** (all delays in ms, floored at 0; a call's end is `t + api_time`, or `t` when its
 `api_time` is unknown):
@@ -61,67 +46,31 @@ The whole corpus is read and checked before the graph is returned. Every problem
 
 from __future__ import annotations
 
-import hashlib
-import json
-import math
-from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
-from servesim.workload.agentic import (
+from servesim.workload.agentic_graph import (
     AgenticGraph,
     Dependency,
     Node,
     Play,
-    _check_acyclic,
-    _index,
-    _lines,
+    check_acyclic,
+    index_nodes,
 )
-from servesim.workload.errors import TraceError, existing, read_utf8
-from servesim.workload.mooncake import _int, _ms
+from servesim.workload.errors import TraceError
+from servesim.workload.weka_corpus import (
+    NESTED_TIMESTAMP_BASES,
+    Call,
+    RecordedPlay,
+    Subagent,
+    apply_basis,
+    corpus_digest,
+    read_plays,
+)
 
 __all__ = ["NESTED_TIMESTAMP_BASES", "read_weka"]
 
-NESTED_TIMESTAMP_BASES = ("auto", "absolute", "relative")
-CALL_TYPES = ("n", "s")
-SUFFIXES = (".json", ".jsonl")
 # tolerance when comparing second-based times that came through float sums
 _EPS_S = 1e-9
-
-
-@dataclass(frozen=True, slots=True)
-class _Call:
-    where: str
-    t: float  # s
-    api_time: float | None  # s; None: not recorded
-    input_length: int
-    output_length: int
-    model: str
-    hash_ids: tuple[int, ...]  # as recorded (play-local ids)
-
-    @property
-    def end(self) -> float:
-        return self.t + (self.api_time or 0.0)
-
-
-@dataclass(frozen=True, slots=True)
-class _Subagent:
-    where: str
-    t: float  # s
-    agent_id: str
-    duration_ms: float | None
-    status: str | None
-    calls: tuple[_Call, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class _Play:
-    file: Path
-    line: int
-    where: str  # "file:line: play id"
-    play_id: str
-    block_size: int
-    entries: tuple[_Call | _Subagent, ...]
 
 
 # --------------------------------------------------------------------------- reader
@@ -144,32 +93,26 @@ def read_weka(
     ):
         raise TraceError(f"trace_block_size must be a positive integer, got {trace_block_size!r}")
     root = Path(path)
-    files = _corpus_files(root)
-    plays = [_parse_play(file, line, obj) for file in files for line, obj in _play_objects(file)]
-    if not plays:
-        raise TraceError(f"trace file {root} did not contain any requests")
-    block_size = _check_plays(plays)
+    files, plays, block_size = read_plays(root)
     if trace_block_size is not None and trace_block_size != block_size:
         raise TraceError(
             f"trace_block_size {trace_block_size} does not match the Weka corpus block size "
             f"{block_size} ({plays[0].where})"
         )
-    basis = _resolve_basis(plays, nested_timestamp_basis)
-    if basis == "relative":
-        plays = [_shift_nested(p) for p in plays]
+    plays, basis = apply_basis(plays, nested_timestamp_basis)
 
     t0 = min(
         c.t
         for p in plays
         for e in p.entries
-        for c in (e.calls if isinstance(e, _Subagent) else (e,))
+        for c in (e.calls if isinstance(e, Subagent) else (e,))
     )
     interner = _Interner()
     lowered = [Play(p.play_id, i, _lower_play(p, i, t0, interner)) for i, p in enumerate(plays)]
     nodes = [n for p in lowered for n in p.nodes]
-    by_id = _index(root, nodes)
+    by_id = index_nodes(root, nodes)
     for source, play in zip(plays, lowered, strict=True):
-        _check_acyclic(source.file, play.play_id, play.nodes, by_id)
+        check_acyclic(source.file, play.play_id, play.nodes, by_id)
     graph = AgenticGraph(
         plays=tuple(lowered),
         block_size=block_size,
@@ -178,7 +121,7 @@ def read_weka(
         source={
             "format": "weka",
             "files": [str(f) for f in files],
-            "digest": _digest(root, files),
+            "digest": corpus_digest(root, files),
             "nested_timestamp_basis": basis,
         },
         hash_id_scope="local",
@@ -186,195 +129,6 @@ def read_weka(
         _by_id=by_id,
     )
     return graph, basis
-
-
-def _corpus_files(root: Path) -> list[Path]:
-    if not root.is_dir():
-        return [existing(root)]
-    files: list[Path] = []
-    _walk(root, files)
-    if not files:
-        raise TraceError(f"Weka corpus {root} contains no .json or .jsonl files")
-    return files
-
-
-def _walk(folder: Path, out: list[Path]) -> None:
-    # sorted by name at every level, depth first: the same corpus always reads in one order
-    for entry in sorted(folder.iterdir(), key=lambda p: p.name):
-        if entry.is_symlink():
-            raise TraceError(f"Weka corpus contains a symlink, which is not followed: {entry}")
-        if entry.is_dir():
-            _walk(entry, out)
-        elif entry.is_file() and entry.suffix in SUFFIXES:
-            out.append(existing(entry))  # one that cannot be read is named, with why
-
-
-def _play_objects(file: Path) -> list[tuple[int, dict[str, Any]]]:
-    if file.suffix == ".jsonl":
-        return _lines(file)
-    text = read_utf8(file)
-    if not text.strip():
-        return []
-    line = text[: len(text) - len(text.lstrip())].count("\n") + 1  # where the object starts
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise TraceError(f"{file}:{e.lineno}: not valid JSON ({e.msg})") from None
-    if not isinstance(obj, dict):
-        raise TraceError(f"{file}:{line}: expected a play object, got {type(obj).__name__}")
-    return [(line, obj)]
-
-
-def _digest(root: Path, files: list[Path]) -> str:
-    """SHA-256 over each file's name (relative to a directory corpus) and bytes, in order."""
-    h = hashlib.sha256()
-    for f in files:
-        name = f.relative_to(root).as_posix() if root.is_dir() else f.name
-        h.update(name.encode() + b"\0" + f.read_bytes() + b"\0")
-    return h.hexdigest()
-
-
-# --------------------------------------------------------------------------- parsing
-
-
-def _required(obj: dict[str, Any], key: str, where: str) -> Any:
-    value = obj.get(key)
-    if value is None:
-        raise TraceError(f"{where}: missing {key}")
-    return value
-
-
-def _name(value: Any, key: str, where: str) -> str:
-    if isinstance(value, bool) or not isinstance(value, str | int) or str(value) == "":
-        raise TraceError(f"{where}: {key} must be a non-empty string, got {value!r}")
-    return str(value)
-
-
-def _seconds(value: Any, key: str, where: str) -> float:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value < 0
-    ):
-        raise TraceError(f"{where}: {key} must be a finite number of seconds >= 0, got {value!r}")
-    return float(value)
-
-
-def _parse_play(file: Path, line: int, obj: dict[str, Any]) -> _Play:
-    at = f"{file}:{line}"
-    play_id = _name(_required(obj, "id", f"{at}: play"), "id", f"{at}: play")
-    where = f"{at}: play {play_id}"
-    block_size = _required(obj, "block_size", where)
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
-        raise TraceError(f"{where}: block_size must be a positive integer, got {block_size!r}")
-    scope = _required(obj, "hash_id_scope", where)
-    if scope != "local":
-        raise TraceError(f"{where}: hash_id_scope must be 'local', got {scope!r}")
-    requests = _required(obj, "requests", where)
-    if not isinstance(requests, list):
-        raise TraceError(f"{where}: requests must be a list")
-    if not requests:
-        raise TraceError(f"{where}: requests is empty")
-    entries = tuple(
-        _parse_entry(e, f"{where} requests[{i}]", False) for i, e in enumerate(requests)
-    )
-    agents: dict[str, str] = {}
-    for e in entries:
-        if isinstance(e, _Subagent):
-            if e.agent_id in agents:
-                raise TraceError(
-                    f"{e.where}: duplicate agent_id {e.agent_id} (first at {agents[e.agent_id]})"
-                )
-            agents[e.agent_id] = e.where
-    return _Play(file, line, where, play_id, block_size, entries)
-
-
-def _parse_entry(obj: Any, where: str, nested: bool) -> _Call | _Subagent:
-    if not isinstance(obj, dict):
-        raise TraceError(f"{where}: expected a request object, got {type(obj).__name__}")
-    kind = obj.get("type")
-    if kind in CALL_TYPES:
-        return _parse_call(obj, where)
-    if kind == "subagent" and not nested:
-        return _parse_subagent(obj, where)
-    expected = "'n' or 's' (a sub-agent's requests)" if nested else "'n', 's' or 'subagent'"
-    raise TraceError(f"{where}: unknown request type {kind!r} (expected {expected})")
-
-
-def _parse_call(obj: dict[str, Any], where: str) -> _Call:
-    t = _seconds(_required(obj, "t", where), "t", where)
-    api = obj.get("api_time")
-    api_time = None if api is None else _seconds(api, "api_time", where)
-    input_length = _int(_required(obj, "in", where), "in", where, 1)
-    output_length = _int(_required(obj, "out", where), "out", where, 0)
-    model = _name(_required(obj, "model", where), "model", where)
-    hash_ids = _required(obj, "hash_ids", where)
-    if not isinstance(hash_ids, list) or not all(
-        isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in hash_ids
-    ):
-        raise TraceError(f"{where}: hash_ids must be a list of non-negative integers")
-    return _Call(where, t, api_time, input_length, output_length, model, tuple(hash_ids))
-
-
-def _parse_subagent(obj: dict[str, Any], where: str) -> _Subagent:
-    t = _seconds(_required(obj, "t", where), "t", where)
-    agent_id = _name(_required(obj, "agent_id", where), "agent_id", where)
-    where = f"{where} (sub-agent {agent_id})"
-    duration = obj.get("duration_ms")
-    duration_ms = None if duration is None else _ms(duration, "duration_ms", where)
-    status = obj.get("status")
-    if status is not None and not isinstance(status, str):
-        raise TraceError(f"{where}: status must be a string, got {status!r}")
-    kind = obj.get("subagent_type")
-    if kind is not None and not isinstance(kind, str):
-        raise TraceError(f"{where}: subagent_type must be a string, got {kind!r}")
-    requests = _required(obj, "requests", where)
-    if not isinstance(requests, list):
-        raise TraceError(f"{where}: requests must be a list")
-    calls = []
-    for j, e in enumerate(requests):
-        call = _parse_entry(e, f"{where} requests[{j}]", True)
-        assert isinstance(call, _Call)
-        calls.append(call)
-    return _Subagent(where, t, agent_id, duration_ms, status, tuple(calls))
-
-
-def _check_plays(plays: list[_Play]) -> int:
-    """The corpus block size; plays must agree on it and have distinct ids."""
-    first = plays[0]
-    seen: dict[str, str] = {}
-    for p in plays:
-        if p.block_size != first.block_size:
-            raise TraceError(
-                f"{p.where}: Weka corpus mixes block sizes: block_size {p.block_size} here, "
-                f"{first.block_size} in {first.where}"
-            )
-        if p.play_id in seen:
-            raise TraceError(
-                f"{p.where}: duplicate play id {p.play_id} (first at {seen[p.play_id]})"
-            )
-        seen[p.play_id] = p.where
-    return first.block_size
-
-
-def _resolve_basis(plays: list[_Play], basis: str) -> str:
-    if basis != "auto":
-        return basis
-    nested = [(s, c) for p in plays for s in p.entries if isinstance(s, _Subagent) for c in s.calls]
-    if not nested:
-        return "not_applicable"
-    return "relative" if any(c.t < s.t for s, c in nested) else "absolute"
-
-
-def _shift_nested(play: _Play) -> _Play:
-    entries = tuple(
-        replace(e, calls=tuple(replace(c, t=c.t + e.t) for c in e.calls))
-        if isinstance(e, _Subagent)
-        else e
-        for e in play.entries
-    )
-    return replace(play, entries=entries)
 
 
 # --------------------------------------------------------------------------- lowering
@@ -404,13 +158,15 @@ def _ms_between(later_s: float, earlier_s: float) -> float:
     return round(max(0.0, later_s - earlier_s) * 1000.0, 6)
 
 
-def _lower_play(play: _Play, ordinal: int, t0: float, interner: _Interner) -> tuple[Node, ...]:
+def _lower_play(
+    play: RecordedPlay, ordinal: int, t0: float, interner: _Interner
+) -> tuple[Node, ...]:
     pid = play.play_id
-    first_call = next((e for e in play.entries if isinstance(e, _Call)), None)
+    first_call = next((e for e in play.entries if isinstance(e, Call)), None)
     if first_call is None:
         raise TraceError(f"{play.where}: play has no parent requests (only sub-agent markers)")
 
-    def node(rid: str, session: str, call: _Call, deps: list[Dependency]) -> Node:
+    def node(rid: str, session: str, call: Call, deps: list[Dependency]) -> Node:
         ids = [interner.local(ordinal, h) for h in call.hash_ids]
         needed = -(-call.input_length // play.block_size)
         ids.extend(interner.fresh() for _ in range(len(ids), needed))
@@ -432,13 +188,13 @@ def _lower_play(play: _Play, ordinal: int, t0: float, interner: _Interner) -> tu
 
     nodes: list[Node] = []
     # each stream's latest call: (request id, call, its top-level index k)
-    streams: list[tuple[str, _Call, int]] = []
-    parent: tuple[str, _Call] | None = None  # the latest top-level call so far
+    streams: list[tuple[str, Call, int]] = []
+    parent: tuple[str, Call] | None = None  # the latest top-level call so far
     # sub-agents that may join back: (marker, id of its last call, its end in s)
-    waiting: list[tuple[_Subagent, str, float]] = []
+    waiting: list[tuple[Subagent, str, float]] = []
     k = 0
     for entry in play.entries:
-        if isinstance(entry, _Call):
+        if isinstance(entry, Call):
             rid = f"{pid}:{k}"
             deps: list[Dependency] = []
             continued = [
@@ -502,7 +258,7 @@ def _lower_play(play: _Play, ordinal: int, t0: float, interner: _Interner) -> tu
     return tuple(nodes)
 
 
-def _check_duration(sub: _Subagent, end: float) -> None:
+def _check_duration(sub: Subagent, end: float) -> None:
     """A joined sub-agent's calls must end by its recorded end, or the join would release
     the parent before the work it waited for."""
     for j, call in enumerate(sub.calls):

@@ -336,3 +336,60 @@ def test_a_part_that_cannot_be_written_to_a_file_is_sent_back(monkeypatch):
     found = run_differences(split, whole)
     assert not found, "\n".join(found[:20])
     assert made and not any(Path(d).exists() for d in made)
+
+
+def _fail_in_part_one(cfg: Any, k: int, n: int) -> None:
+    if k == 1:
+        raise ValueError("part one cannot go on")
+    # every other part gives nothing: nothing is merged once a part failed
+
+
+def test_a_failing_child_part_raises_its_error_naming_the_part():
+    """A child's error reaches the caller as itself (type and message), with the child's
+    traceback as its cause and a note naming the part; no child is left running."""
+    import multiprocessing
+
+    from servesim.parallel import run_parts
+
+    before = set(multiprocessing.active_children())
+    with pytest.raises(ValueError) as err:
+        run_parts(None, 3, _fail_in_part_one)
+    assert str(err.value) == "part one cannot go on"
+    assert err.value.__notes__ == [
+        "(raised by part 1 of 3 of a partitioned replay, in a child process)"
+    ]
+    assert "_fail_in_part_one" in str(err.value.__cause__)
+    assert set(multiprocessing.active_children()) == before
+
+
+def _interrupt_part_zero(cfg: Any, k: int, n: int) -> None:
+    """`cfg` is a folder: a child says there that it started, then replays "forever"; part 0
+    (in the caller) waits until every child is busy and is then interrupted."""
+    import time
+
+    folder = Path(cfg)
+    if k > 0:
+        (folder / f"started-{k}").touch()
+        time.sleep(600)
+        return
+    deadline = time.monotonic() + 60
+    while len(list(folder.glob("started-*"))) < n - 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    raise KeyboardInterrupt
+
+
+def test_an_interrupted_split_run_ends_its_busy_children(tmp_path: Path):
+    """An interrupt (Ctrl-C) while the parts replay ends every child before it propagates:
+    none is left replaying, or orphaned."""
+    import multiprocessing
+    import time
+
+    from servesim.parallel import run_parts
+
+    before = set(multiprocessing.active_children())
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        run_parts(tmp_path, 3, _interrupt_part_zero)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["started-1", "started-2"]
+    assert time.monotonic() - t0 < 120
+    assert set(multiprocessing.active_children()) == before

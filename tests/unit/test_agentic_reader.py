@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from servesim.workload.agentic import Dependency, read_agentic_mooncake, write_agentic_v2
+from servesim.workload.agentic import read_agentic_mooncake, write_agentic_v2
+from servesim.workload.agentic_graph import Dependency
 from servesim.workload.errors import TraceError
 
 HEADER = {
