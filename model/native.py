@@ -8,7 +8,7 @@ directory named by a digest of every source file of the package and of the inter
 At `import servesim`, `activate()` looks for the build of the current sources and, when there is
 one, has those modules imported from it. Editing any source file changes the digest: the
 edited source then runs as Python until the next build, never a stale build. The answers are
-the same either way (tests/property/test_native_equivalence.py compares every table of both);
+the same either way (tests/speed/test_native_equivalence.py compares every table of both);
 only the speed differs (docs/performance.md).
 
 Environment: `SERVESIM_NATIVE=1` uses the build (unset or `0`: the source); `SERVESIM_NATIVE_DIR`

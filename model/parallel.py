@@ -10,7 +10,7 @@ error is the one-process run's; the round robin skips the other parts' turns), a
 only what its workers do. The parts run in separate processes (part 0 in the calling one) and
 their recorders are merged (`Recorder.absorb`). Every table sorts its rows by time and worker,
 keeping recording order only among one worker's rows, so the merged tables, and the summary
-built from them, are the one-process run's (tests/property/test_parallel_equivalence.py).
+built from them, are the one-process run's (tests/speed/test_parallel_equivalence.py).
 
 Anything that couples workers rules it out, and `plan_processes` says which: a router that
 looks at the workers (KV-aware) or draws at random, P/D disaggregation (transfers), KV tiers

@@ -6,7 +6,7 @@ stop time) is later than a pass's end, and the pass completes or rejects nothing
 nobody), the worker applies it at its end time and plans the next one at once, holding only for
 the last pass of the chain. A decode stretch (servesim.speed.stretch) applies a run of
 decode-only passes of the shipped vLLM policy in one step. Nothing can observe the difference:
-every timestamp equals the textbook loop's (tests/property/test_fast_forward_equivalence.py),
+every timestamp equals the textbook loop's (tests/speed/test_fast_forward_equivalence.py),
 with one SimPy event per chain instead of two per pass.
 """
 

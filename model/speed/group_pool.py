@@ -9,7 +9,7 @@ group is resident and in the same state (holders >= 1, or the negated id of the 
 made them inactive), and a list of per-block states (None: not resident) once they diverge (a
 prompt's partial last group, a chunk boundary or prefix hit inside a group, part of a group
 evicted). Everything else is `BlockPool`'s: the same API on per-block keys, the same LRU order,
-evictions, levels and KV events (tests/property/test_group_pool.py runs both on the same
+evictions, levels and KV events (tests/speed/test_group_pool.py runs both on the same
 operations). Releases are runs of *spans* (group, low rank, high rank), evicted top rank first,
 as a request's blocks are let go of last block first. Content with no group (generated tokens,
 unshared prompts: negative ids) and duplicate copies (`(hash, serial)`) are single entries.

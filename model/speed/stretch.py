@@ -1,7 +1,7 @@
 """Decode stretches: runs of passes that only decode, applied at once by a vLLM scheduler rank.
 
 Part of the speed layer (servesim.speed): with it off (`speed=off`), every pass goes through
-`schedule` and `finish`; tests/property/test_fast_forward_equivalence.py shows both give the
+`schedule` and `finish`; tests/speed/test_fast_forward_equivalence.py shows both give the
 same tables.
 """
 

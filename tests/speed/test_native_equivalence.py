@@ -2,7 +2,7 @@
 
 The modules `servesim.native.MODULES` compiled by mypyc must replay exactly as their source does.
 This builds them (once per state of the sources: the build is cached) and replays every
-scenario of the fast-forward equivalence suite (tests/property/test_fast_forward_equivalence.py)
+scenario of the fast-forward equivalence suite (tests/speed/test_fast_forward_equivalence.py)
 in two fresh interpreters, one running the source (`SERVESIM_NATIVE=0`) and one the build (`=1`),
 each in its fast-forward mode and, for a few, stepping too; then compares, per scenario, every
 table (`_ms` columns to 1e-6 ms, everything else exactly, dtypes included), the per-token
@@ -41,7 +41,7 @@ CHILD = textwrap.dedent(
     """
     import pickle, sys
     from pathlib import Path
-    sys.path[:0] = [{tests!r}, {property!r}]
+    sys.path[:0] = [{tests!r}, {speed!r}]
     import servesim
     from servesim import native, simulate
     from conftest import make_config, write_jsonl
@@ -75,7 +75,7 @@ CHILD = textwrap.dedent(
 
 def _replay_all(tmp: Path, use_build: bool) -> tuple[str | None, dict[Any, Any]]:
     """Every scenario replayed by a fresh interpreter, on the build or on the source."""
-    code = CHILD.format(tests=str(TESTS), property=str(TESTS / "property"), stepped=STEPPED)
+    code = CHILD.format(tests=str(TESTS), speed=str(TESTS / "speed"), stepped=STEPPED)
     env = dict(os.environ)
     env["SERVESIM_NATIVE"] = "1" if use_build else "0"
     path = tmp / f"runs-{'native' if use_build else 'source'}.pkl"
