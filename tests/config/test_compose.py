@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -64,6 +65,22 @@ def validated(overrides: list[str], tmp_path: Path):
     return validate_config(OmegaConf.to_container(cfg, resolve=True))
 
 
+def differences_from_file(written: Any, validated_value: Any, where: str) -> list[str]:
+    """Where `validated_value` differs from what an option file writes: every key the file sets
+    (nested mappings key by key; `???`, the paths filled in by `validated`, skipped)."""
+    if written == "???":
+        return []
+    if isinstance(written, dict):
+        if not isinstance(validated_value, dict):
+            return [f"{where}: {validated_value!r} is not a mapping"]
+        return [
+            diff
+            for key, value in written.items()
+            for diff in differences_from_file(value, validated_value.get(key), f"{where}.{key}")
+        ]
+    return [] if written == validated_value else [f"{where}: {written!r} != {validated_value!r}"]
+
+
 def test_default_composes_and_validates(tmp_path):
     cfg = validated([], tmp_path)
     assert cfg.workload.kind == "synthetic" and cfg.topology.num_workers >= 1
@@ -71,13 +88,23 @@ def test_default_composes_and_validates(tmp_path):
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_every_experiment_composes_and_validates(name, tmp_path):
-    validated([f"experiment={name}"], tmp_path)
+    """Every value the experiment file writes reaches the validated config (applied last, it
+    wins over the group options it picks)."""
+    cfg = validated([f"experiment={name}"], tmp_path)
+    written = OmegaConf.to_container(OmegaConf.load(CONF / "experiment" / f"{name}.yaml"))
+    written.pop("defaults", None)
+    assert written, f"conf/experiment/{name}.yaml sets nothing"
+    assert differences_from_file(written, cfg.model_dump(mode="json"), "config") == []
 
 
 @pytest.mark.parametrize("group,option", [(g, o) for g, opts in GROUPS.items() for o in opts])
 def test_every_group_option_validates(group, option, tmp_path):
+    """The validated config holds every value the option file writes (the file, not the
+    schema's defaults, decides the group)."""
     cfg = validated([f"{group}={option}"], tmp_path)
-    assert getattr(cfg, group) is not None
+    written = OmegaConf.to_container(OmegaConf.load(CONF / group / f"{option}.yaml"))
+    assert written, f"conf/{group}/{option}.yaml sets nothing"
+    assert differences_from_file(written, getattr(cfg, group).model_dump(mode="json"), group) == []
 
 
 def test_dynamo_compat_sets_the_mocker_defaults(tmp_path):

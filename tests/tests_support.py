@@ -1,4 +1,8 @@
-"""Validated llm / hardware configs for unit tests that build models directly."""
+"""Validated llm / hardware configs and round calibrated factors, for tests in any folder.
+
+Imported as `tests_support`: pytest puts tests/ on sys.path for tests/conftest.py (no
+`__init__.py` here), which is also where `from conftest import ...` finds it.
+"""
 
 from conftest import H100, LLAMA3_8B
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import pytest
+
+from servesim import simulate
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_replay.py"
 FIXED = {"kind": "fixed", "prefill_ms": 10.0, "decode_ms": 1.0}
@@ -27,9 +30,21 @@ def bench():
     del sys.modules["bench_replay"]
 
 
+@pytest.fixture(scope="module")
+def runs(bench):
+    """bench_replay_runner.py, the timed runs (bench_replay.py put benchmarks/ on sys.path): the
+    functions a case's run calls are replaced there."""
+    return importlib.import_module("bench_replay_runner")
+
+
+@pytest.fixture(scope="module")
+def report(bench):
+    return importlib.import_module("bench_replay_report")
+
+
 @pytest.mark.parametrize("read_passes", [False, True])
 def test_the_child_times_reading_the_passes_table_only_when_asked(
-    bench, config, trace, tmp_path, read_passes
+    runs, config, trace, tmp_path, read_passes
 ):
     cfg = config(
         workload={"kind": "mooncake", "path": trace(ROWS), "trace_block_size": 64},
@@ -40,14 +55,14 @@ def test_the_child_times_reading_the_passes_table_only_when_asked(
     request.write_text(
         json.dumps({"config": cfg.model_dump(mode="json"), "read_passes": read_passes})
     )
-    assert bench.child_main(str(request), str(result)) == 0
+    assert runs.child_main(str(request), str(result)) == 0
     out = json.loads(result.read_text())
     assert out["summary"]["completed_requests"] == 12
-    assert out["simulate_s"] > 0 and out["import_s"] >= 0
-    if read_passes:
-        assert out["passes_s"] >= 0 and out["passes_rows"] > 12
-    else:
-        assert "passes_s" not in out and "passes_rows" not in out
+    passes = {"passes_s", "passes_rows"} if read_passes else set()
+    assert set(out) == {"import_s", "config_s", "simulate_s", "summary", *passes}
+    assert out["simulate_s"] > 0
+    if read_passes:  # the rows of the table the run's passes are read into
+        assert out["passes_rows"] == len(simulate(cfg).passes)
 
 
 class _Config:
@@ -64,7 +79,7 @@ class _Compare:
 
 
 def test_repetitions_alternate_which_simulator_runs_first_and_pair_their_ratios(
-    bench, monkeypatch, tmp_path
+    bench, runs, report, monkeypatch, tmp_path
 ):
     """Every other repetition runs the mocker first; the case reports servesim / mocker within
     each repetition."""
@@ -74,21 +89,24 @@ def test_repetitions_alternate_which_simulator_runs_first_and_pair_their_ratios(
     def sample(who: str) -> object:
         calls.append(who)
         summary = {"num_requests": 12, "mean_ttft_ms": 5.0, "completed_requests": 12}
-        return bench.Sample(next(walls), 1.0, 100.0, 1.0, summary, import_s=0.1)
+        return runs.Sample(next(walls), 1.0, 100.0, 1.0, summary, import_s=0.1)
 
-    monkeypatch.setattr(bench, "compose_case", lambda *a, **k: _Config())
-    monkeypatch.setattr(bench, "run_servesim", lambda *a, **k: sample("servesim"))
-    monkeypatch.setattr(bench, "run_mocker", lambda *a, **k: sample("mocker"))
+    monkeypatch.setattr(runs, "compose_case", lambda *a, **k: _Config())
+    monkeypatch.setattr(runs, "run_servesim", lambda *a, **k: sample("servesim"))
+    monkeypatch.setattr(runs, "run_mocker", lambda *a, **k: sample("mocker"))
     args = bench.parse_args(["--repeat", "3", "--mocker-python", "none"])
-    case = bench.run_case(
+    case = runs.run_case(
         bench.CASES["conv4"], tmp_path / "t.jsonl", args, _Compare(), "mocker-python", tmp_path, 12
     )
     assert calls == ["servesim", "mocker", "mocker", "servesim", "servesim", "mocker"]
-    assert bench.paired_ratios(case) == [2.0, 0.75, 0.5]
-    assert "within each repetition: 2.00x, 0.75x, 0.50x (median 0.75x)" in bench.case_markdown(case)
+    assert report.paired_ratios(case) == [2.0, 0.75, 0.5]
+    markdown = report.case_markdown(case)
+    assert "within each repetition: 2.00x, 0.75x, 0.50x (median 0.75x)" in markdown
 
 
-def test_processes_adds_a_parallel_variant_paired_with_the_mocker(bench, monkeypatch, tmp_path):
+def test_processes_adds_a_parallel_variant_paired_with_the_mocker(
+    bench, runs, report, monkeypatch, tmp_path
+):
     """`--processes 2` times servesim a second time with parallel.processes=2 and reports its
     wall ratio to the mocker within each repetition."""
     overrides: list[list[str]] = []
@@ -100,34 +118,36 @@ def test_processes_adds_a_parallel_variant_paired_with_the_mocker(bench, monkeyp
 
     def sample(*a, **k):
         summary = {"num_requests": 12, "mean_ttft_ms": 5.0, "completed_requests": 12}
-        return bench.Sample(next(walls), 1.0, 100.0, 1.0, summary, import_s=0.1)
+        return runs.Sample(next(walls), 1.0, 100.0, 1.0, summary, import_s=0.1)
 
-    monkeypatch.setattr(bench, "compose_case", compose)
-    monkeypatch.setattr(bench, "_plan_processes", lambda cfg: (2, ""))
-    monkeypatch.setattr(bench, "run_servesim", sample)
-    monkeypatch.setattr(bench, "run_mocker", sample)
+    monkeypatch.setattr(runs, "compose_case", compose)
+    monkeypatch.setattr(runs, "_plan_processes", lambda cfg: (2, ""))
+    monkeypatch.setattr(runs, "run_servesim", sample)
+    monkeypatch.setattr(runs, "run_mocker", sample)
     args = bench.parse_args(["--repeat", "2", "--processes", "2"])
-    case = bench.run_case(
+    case = runs.run_case(
         bench.CASES["conv4"], tmp_path / "t.jsonl", args, _Compare(), "mocker-python", tmp_path, 12
     )
     assert overrides == [[], ["parallel.processes=2"]]
     assert list(case.variants) == ["servesim", "servesim_parallel", "mocker"]
     assert case.variants["servesim_parallel"].label == "servesim, parallel.processes=2"
     # repetition 2 runs in reverse order: mocker 3.0, split 2.0, servesim 4.0
-    assert bench.paired_ratios(case, variant="servesim_parallel") == [2.0 / 3.0, 2.0 / 3.0]
+    assert report.paired_ratios(case, variant="servesim_parallel") == [2.0 / 3.0, 2.0 / 3.0]
     assert "parallel.processes=2 / mocker within each repetition: 0.67x, 0.67x" in (
-        bench.case_markdown(case)
+        report.case_markdown(case)
     )
 
 
-def test_processes_adds_no_variant_to_a_case_that_cannot_be_split(bench, monkeypatch, tmp_path):
-    monkeypatch.setattr(bench, "compose_case", lambda *a, **k: _Config())
-    monkeypatch.setattr(bench, "_plan_processes", lambda cfg: (1, "router=kv ..."))
+def test_processes_adds_no_variant_to_a_case_that_cannot_be_split(
+    bench, runs, monkeypatch, tmp_path
+):
+    monkeypatch.setattr(runs, "compose_case", lambda *a, **k: _Config())
+    monkeypatch.setattr(runs, "_plan_processes", lambda cfg: (1, "router=kv ..."))
     summary = {"num_requests": 12, "mean_ttft_ms": 5.0, "completed_requests": 12}
-    sample = bench.Sample(1.0, 1.0, 100.0, 1.0, summary, import_s=0.1)
-    monkeypatch.setattr(bench, "run_servesim", lambda *a, **k: sample)
+    sample = runs.Sample(1.0, 1.0, 100.0, 1.0, summary, import_s=0.1)
+    monkeypatch.setattr(runs, "run_servesim", lambda *a, **k: sample)
     args = bench.parse_args(["--repeat", "1", "--processes", "2"])
-    case = bench.run_case(
+    case = runs.run_case(
         bench.CASES["kv4"], tmp_path / "t.jsonl", args, _Compare(), None, tmp_path, 12
     )
     assert list(case.variants) == ["servesim"]
