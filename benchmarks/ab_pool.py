@@ -18,9 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
 
 import compare_dynamo  # noqa: E402
 
-import servesim.cluster.base as base  # noqa: E402
 from servesim import simulate  # noqa: E402
-from servesim.kv.block_pool import BlockPool  # noqa: E402
 
 
 def main(argv: list[str]) -> None:
@@ -28,7 +26,7 @@ def main(argv: list[str]) -> None:
     if mode not in ("block", "group"):
         raise SystemExit(f"mode must be block or group, got {mode!r}")
     if mode == "block":  # every rank per block, whatever the run's trace blocks
-        base.choose_pool = lambda cap, caching, events, _group: BlockPool(cap, caching, events)
+        overrides = [*overrides, "speed.grouped_pool=false"]
     cfg = compare_dynamo.compose_run_config(Path(trace), int(workers), overrides)
     start = time.process_time()
     result = simulate(cfg)

@@ -16,7 +16,7 @@ start-up, imports and peak memory are its own:
   `compare_dynamo.py --pd PxD` adds: `topology=disagg topology.num_prefill_workers=P
   topology.num_decode_workers=D`) and the case's overrides (e.g. `router=kv`). With
   `--fast-forward both` a second servesim variant also runs with `engine.fast_forward=false`
-  (every pass stepped); with `--processes N` (N > 1) one runs with `parallel.processes=N`
+  (every pass stepped); with `--processes N` (N > 1) one runs with `speed.processes=N`
   (workers replayed in N processes where they never interact; its CPU time is all of them).
 * **mocker**: `experiments/_mocker_runner.py` in the mocker's interpreter (`--mocker-python`, else
   $SERVESIM_MOCKER_PYTHON; skipped if neither is given),
@@ -169,7 +169,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--processes",
         type=int,
         default=1,
-        help="N > 1: also time servesim with parallel.processes=N (workers replayed in N "
+        help="N > 1: also time servesim with speed.processes=N (workers replayed in N "
         "processes where they never interact; docs/architecture.md)",
     )
     p.add_argument(

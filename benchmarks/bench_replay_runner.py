@@ -203,8 +203,8 @@ def mocker_skip_reason(n_requests: int, args: argparse.Namespace) -> str | None:
 
 
 def _plan_processes(cfg: Any) -> tuple[int, str]:
-    """How many processes servesim replays `cfg` in (servesim.parallel.plan_processes)."""
-    from servesim.parallel import plan_processes
+    """How many processes servesim replays `cfg` in (servesim.speed.parallel.plan_processes)."""
+    from servesim.speed.parallel import plan_processes
 
     return plan_processes(cfg)
 
@@ -224,7 +224,7 @@ def run_case(
     labels = {
         "servesim": "servesim",
         "servesim_step": "servesim, fast_forward=false",
-        "servesim_parallel": f"servesim, parallel.processes={args.processes}",
+        "servesim_parallel": f"servesim, speed.processes={args.processes}",
     }
     if args.fast_forward == "both":
         step = compose_case(
@@ -233,7 +233,7 @@ def run_case(
         configs["servesim_step"] = step.model_dump(mode="json")
     if args.processes > 1:
         split = compose_case(
-            spec, trace, compare, [*args.servesim_override, f"parallel.processes={args.processes}"]
+            spec, trace, compare, [*args.servesim_override, f"speed.processes={args.processes}"]
         )
         n, why = _plan_processes(split)
         if n > 1:

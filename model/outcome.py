@@ -31,8 +31,8 @@ from servesim.metrics.tables import (
     time_weighted_mean,
     transfers_table,
 )
-from servesim.parallel import Part
 from servesim.rundir import write_requests_jsonl
+from servesim.speed.parallel import Part
 
 
 class BuiltOnFirstRead:
@@ -204,7 +204,7 @@ def collect(
         "router": cfg.router.kind,
         "workload": cfg.workload.kind,
         "load": cfg.load.kind,
-        # OS processes the workers were replayed in (parallel.processes), and why one if more
+        # OS processes the workers were replayed in (speed.processes), and why one if more
         # were asked for
         "processes": processes,
         **({"processes_note": why_one} if why_one else {}),

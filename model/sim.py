@@ -31,8 +31,8 @@ from servesim.config.schema import (
 )
 from servesim.metrics.recorder import INCOMPLETE, Recorder
 from servesim.outcome import Result, collect
-from servesim.parallel import Part, part_of, plan_processes, rank_stats, rows_of, run_parts
 from servesim.speed.gc import fewer_gc_passes
+from servesim.speed.parallel import Part, part_of, plan_processes, rank_stats, rows_of, run_parts
 from servesim.workload.agentic import AgenticGraph
 from servesim.workload.build import (
     StreamedWorkload,
@@ -95,8 +95,8 @@ def _run_loop(
 def simulate(cfg: RunConfig) -> Result:
     """Run one configuration and return its tables. Deterministic for a given config and seed.
 
-    With `parallel.processes` > 1, a run whose workers never interact is replayed in that many
-    processes (model/parallel.py), with the same tables and summary."""
+    With `speed.processes` > 1, a run whose workers never interact is replayed in that many
+    processes (model/speed/parallel.py), with the same tables and summary."""
     wall_start = time.perf_counter()
     plan = make_plan(cfg)
     processes, why_one = plan_processes(cfg)
@@ -133,7 +133,7 @@ class Replay:
 
 def _replay(plan: Plan, part: tuple[int, int] | None = None) -> Replay:
     """Build the world and run its event loop; in part k of n of a partitioned run, only the
-    requests of workers k, k + n, ... are replayed (model/parallel.py)."""
+    requests of workers k, k + n, ... are replayed (model/speed/parallel.py)."""
     cfg = plan.cfg
     streams = random_streams(cfg.seed)
     hasher = BlockHasher(

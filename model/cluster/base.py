@@ -55,7 +55,7 @@ class ClusterBase:
         # between a request's arrival and its reaching the router; counts in TTFT
         self.frontend_ms = frontend_latency_ms(cfg)
         self.in_frontend: dict[int, Request] = {}  # arrived, not yet at the router (by idx)
-        # in one part of a partitioned run (model/parallel.py): whether worker k is replayed
+        # in one part of a partitioned run (model/speed/parallel.py): whether worker k is replayed
         # here (None: every worker is); only its workers' requests are dispatched
         self.replays_worker: Callable[[int], bool] | None = None
 

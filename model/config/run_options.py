@@ -1,5 +1,4 @@
-"""Config sections of how a run is run and reported: SLO bounds, stop, the speed layer, parallel
-replay, outputs."""
+"""Config sections of how a run is run and reported: SLO bounds, stop, the speed layer, outputs."""
 
 from __future__ import annotations
 
@@ -44,15 +43,10 @@ class SpeedConfig(Schema):
         description="pace Python's cyclic garbage collector for the event loop (false: the "
         "interpreter's defaults)",
     )
-
-
-class ParallelConfig(Schema):
-    """Worker partitions replayed in separate OS processes (see model/parallel.py)."""
-
     processes: int = Field(
         1,
         ge=1,
-        description="processes to replay the workers in (each owns every P-th worker); only "
+        description="OS processes to replay the workers in (each owns every P-th worker); only "
         "where workers never interact (aggregated, round-robin, streamed open-loop trace, no "
         "frontend latency, no KV tiers), else one process (summary metadata says why)",
     )

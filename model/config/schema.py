@@ -49,7 +49,6 @@ from servesim.config.hardware import (
 )
 from servesim.config.run_options import (
     OutputConfig,
-    ParallelConfig,
     SloConfig,
     SpeedConfig,
     StopConfig,
@@ -104,7 +103,6 @@ __all__ = [
     "MooncakeWorkload",
     "NonNegFloat",
     "OutputConfig",
-    "ParallelConfig",
     "PolynomialTiming",
     "PositiveFloat",
     "RandomRouter",
@@ -143,7 +141,6 @@ class RunConfig(Schema):
     stop: StopConfig = StopConfig()
     output: OutputConfig = OutputConfig()
     speed: SpeedConfig = SpeedConfig()
-    parallel: ParallelConfig = ParallelConfig()
 
     @model_validator(mode="after")
     def _rules_hold(self) -> RunConfig:

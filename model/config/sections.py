@@ -19,7 +19,6 @@ from servesim.config.cluster import (
 from servesim.config.hardware import HardwareConfig, LlmConfig, TimingConfig
 from servesim.config.run_options import (
     OutputConfig,
-    ParallelConfig,
     SloConfig,
     SpeedConfig,
     StopConfig,
@@ -60,5 +59,3 @@ class Sections(Protocol):
     def output(self) -> OutputConfig: ...
     @property
     def speed(self) -> SpeedConfig: ...
-    @property
-    def parallel(self) -> ParallelConfig: ...

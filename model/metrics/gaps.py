@@ -106,7 +106,7 @@ class Multiset:
         self._merge(new, new_counts)
 
     def absorb(self, other: Multiset) -> None:
-        """Add every value of `other` (another run part's gaps: model/parallel.py)."""
+        """Add every value of `other` (another run part's gaps: model/speed/parallel.py)."""
         values, counts = other.distinct()
         if len(values):
             self.fold()

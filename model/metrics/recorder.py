@@ -360,7 +360,7 @@ class Recorder:
 
     def absorb(self, other: Recorder) -> None:
         """Append the rows `other` recorded after this recorder's: the recorder of another
-        part of the same run whose workers never met this one's (model/parallel.py). Its row
+        part of the same run whose workers never met this one's (model/speed/parallel.py). Its row
         columns are moved, not copied (`other` is not to be used again). Every table sorts
         its rows by time and worker, keeping recording order only among rows of one worker,
         so the tables come out as if one recorder had heard both parts."""

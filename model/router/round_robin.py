@@ -20,7 +20,7 @@ class RoundRobin(Router):
 
     def skip_to(self, j: int) -> None:
         """The next request routed is the run's j-th (0-based) request: those before it not
-        routed here were routed in other parts of a partitioned run (model/parallel.py). Only
+        routed here were routed in other parts of a partitioned run (model/speed/parallel.py). Only
         the worker (flat: the rank) turn moves; within a worker, ranks turn over the requests
         it takes, which are all routed here."""
         self._next = j % (self.num_workers * self.dp_size if self.flat else self.num_workers)

@@ -243,7 +243,7 @@ class StreamedWorkload:
         self._next_idx = 0
         self._t0: float | None = None
         self._last: Request | None = None
-        # in one part of a partitioned run (model/parallel.py): whether the request of row
+        # in one part of a partitioned run (model/speed/parallel.py): whether the request of row
         # `idx` is replayed here; None: every one is
         self.replays_row: Callable[[int], bool] | None = None
 

@@ -7,6 +7,7 @@ and TYPE_CHECKING ones included): a cycle hidden behind a late import is still a
 from __future__ import annotations
 
 import ast
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -134,9 +135,15 @@ def test_the_package_list_names_every_folder():
 
 
 def test_the_wheel_installs_one_top_level_package(tmp_path):
+    # built from a copy: setuptools leaves a build/ folder beside the sources it builds
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, src / name)
+    for folder in ("model", "conf"):
+        shutil.copytree(REPO / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__"))
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q"]
-        + ["-w", str(tmp_path), str(REPO)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q"] + ["-w", str(tmp_path), str(src)],
         capture_output=True,
         text=True,
         timeout=300,

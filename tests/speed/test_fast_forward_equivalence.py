@@ -97,6 +97,7 @@ def _drop_mode(summary: dict[str, Any], fast_forward: bool) -> dict[str, Any]:
     """The summary without host-time keys and without the one config key the modes differ in."""
     out = copy.deepcopy(without_wall(summary))
     speed = out["metadata"]["config"].pop("speed")
+    assert speed.pop("processes") == 1
     assert speed == dict.fromkeys(("fast_forward", "grouped_pool", "gc_tuning"), fast_forward)
     return out
 

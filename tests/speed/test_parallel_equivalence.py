@@ -1,8 +1,8 @@
-"""Workers replayed in several processes against one process (`parallel.processes`, issue 8).
+"""Workers replayed in several processes against one process (`speed.processes`, issue 8).
 
 A run whose workers never interact (aggregated, round robin, a streamed open-loop trace) may be
-split into parts replayed in separate processes and merged (model/parallel.py). Each scenario
-runs one config with `parallel.processes=1` and with more, and compares, strictly: every table
+split into parts replayed in separate processes and merged (model/speed/parallel.py). Each scenario
+runs one config with `speed.processes=1` and with more, and compares, strictly: every table
 (`_ms` columns to 1e-6 ms, everything else exactly, dtypes included), the per-token times and
 the summary exactly, leaving out only the host-time keys and the process count itself. Each
 scenario also checks that it exercises what its id says and that the run was split.
@@ -39,7 +39,7 @@ AZURE = SHARED_TRACES / "AzureLLMInferenceTrace_conv.csv"
 def _without_processes(summary: dict[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(without_wall(summary))
     meta = out["metadata"]
-    del meta["processes"], meta["config"]["parallel"]
+    del meta["processes"], meta["config"]["speed"]["processes"]
     meta.pop("processes_note", None)
     return out
 
@@ -56,7 +56,9 @@ def run_differences(split: Result, whole: Result) -> list[str]:
 
 
 def run_with(sections: dict[str, Any], processes: int) -> Result:
-    return simulate(make_config(**sections, parallel={"processes": processes}))
+    sections = dict(sections)
+    speed = dict(sections.pop("speed", {}), processes=processes)
+    return simulate(make_config(**sections, speed=speed))
 
 
 def case(case_id: str, processes: int, expect: tuple[Any, ...] = (), **sections: Any) -> Any:
@@ -248,7 +250,7 @@ def test_a_run_whose_workers_interact_runs_in_one_process_and_says_why(sections,
     whole, asked = run_with(sections, 1), run_with(sections, 4)
     meta = asked.summary["metadata"]
     assert meta["processes"] == 1
-    assert meta["processes_note"].startswith("parallel.processes=4 not applied: ")
+    assert meta["processes_note"].startswith("speed.processes=4 not applied: ")
     assert reason in meta["processes_note"]
     assert "processes_note" not in whole.summary["metadata"]
     assert not run_differences(asked, whole)
@@ -312,7 +314,7 @@ def test_a_part_that_cannot_be_written_to_a_file_is_sent_back(monkeypatch):
     import tempfile
     import types
 
-    import servesim.parallel as parallel
+    import servesim.speed.parallel as parallel
 
     def no_room(obj: Any, fh: Any, protocol: int | None = None) -> None:
         raise OSError(28, "No space left on device")
@@ -349,7 +351,7 @@ def test_a_failing_child_part_raises_its_error_naming_the_part():
     traceback as its cause and a note naming the part; no child is left running."""
     import multiprocessing
 
-    from servesim.parallel import run_parts
+    from servesim.speed.parallel import run_parts
 
     before = set(multiprocessing.active_children())
     with pytest.raises(ValueError) as err:
@@ -384,7 +386,7 @@ def test_an_interrupted_split_run_ends_its_busy_children(tmp_path: Path):
     import multiprocessing
     import time
 
-    from servesim.parallel import run_parts
+    from servesim.speed.parallel import run_parts
 
     before = set(multiprocessing.active_children())
     t0 = time.monotonic()

@@ -107,7 +107,7 @@ def test_repetitions_alternate_which_simulator_runs_first_and_pair_their_ratios(
 def test_processes_adds_a_parallel_variant_paired_with_the_mocker(
     bench, runs, report, monkeypatch, tmp_path
 ):
-    """`--processes 2` times servesim a second time with parallel.processes=2 and reports its
+    """`--processes 2` times servesim a second time with speed.processes=2 and reports its
     wall ratio to the mocker within each repetition."""
     overrides: list[list[str]] = []
     walls = iter([4.0, 2.0, 3.0, 3.0, 2.0, 4.0])  # repetition 1: servesim, split, mocker
@@ -128,12 +128,12 @@ def test_processes_adds_a_parallel_variant_paired_with_the_mocker(
     case = runs.run_case(
         bench.CASES["conv4"], tmp_path / "t.jsonl", args, _Compare(), "mocker-python", tmp_path, 12
     )
-    assert overrides == [[], ["parallel.processes=2"]]
+    assert overrides == [[], ["speed.processes=2"]]
     assert list(case.variants) == ["servesim", "servesim_parallel", "mocker"]
-    assert case.variants["servesim_parallel"].label == "servesim, parallel.processes=2"
+    assert case.variants["servesim_parallel"].label == "servesim, speed.processes=2"
     # repetition 2 runs in reverse order: mocker 3.0, split 2.0, servesim 4.0
     assert report.paired_ratios(case, variant="servesim_parallel") == [2.0 / 3.0, 2.0 / 3.0]
-    assert "parallel.processes=2 / mocker within each repetition: 0.67x, 0.67x" in (
+    assert "speed.processes=2 / mocker within each repetition: 0.67x, 0.67x" in (
         report.case_markdown(case)
     )
 

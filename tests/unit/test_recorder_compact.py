@@ -457,7 +457,7 @@ def test_appended_arrays_read_back_end_to_end(join_every, monkeypatch):
 
 
 def test_absorbed_rows_follow_and_leave_the_other_empty(monkeypatch):
-    """Merging another part's recorder (model/parallel.py) appends its kv rows after these,
+    """Merging another part's recorder (model/speed/parallel.py) appends its kv rows after these,
     with its pool names recoded into this recorder's codes, and moves them: the other
     recorder's columns are emptied, so a merge never holds both parts' rows twice."""
     monkeypatch.setattr(Columns, "CHUNK", 2)

@@ -105,7 +105,7 @@ def why_not_partitioned(cfg: RunConfig) -> str:
 
 def plan_processes(cfg: RunConfig) -> tuple[int, str]:
     """How many processes replay this run, and why one if more were asked for ('' else)."""
-    asked = cfg.parallel.processes
+    asked = cfg.speed.processes
     if asked == 1:
         return 1, ""
     why = why_not_partitioned(cfg)
@@ -113,7 +113,7 @@ def plan_processes(cfg: RunConfig) -> tuple[int, str]:
         why = "simulate() runs in a daemonic process (a multiprocessing.Pool worker), which "
         why += "cannot start processes"
     if why:
-        return 1, f"parallel.processes={asked} not applied: {why}"
+        return 1, f"speed.processes={asked} not applied: {why}"
     assert isinstance(cfg.topology, AggregatedTopology)
     return min(asked, cfg.topology.num_workers), ""
 
