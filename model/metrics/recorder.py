@@ -15,56 +15,12 @@ from typing import Any
 import numpy as np
 
 from servesim.metrics.gaps import Multiset
+from servesim.metrics.records import COMPLETED as COMPLETED
+from servesim.metrics.records import INCOMPLETE as INCOMPLETE
+from servesim.metrics.records import REJECTED as REJECTED
+from servesim.metrics.records import REQUEST_FIELDS, request_row
 from servesim.workload.request import Request
 
-# how each request column is stored (see Columns): "d" float, "q" int, "o" object, "c" coded
-REQUEST_COLUMNS = {
-    "request_id": "o",
-    "session_id": "o",  # None outside sessions
-    "turn_index": "q",
-    "arrival_ms": "d",
-    "first_admit_ms": "d",
-    "first_token_ms": "d",
-    "last_token_ms": "d",
-    "terminal_ms": "d",
-    "ttft_ms": "d",
-    "ttst_ms": "d",
-    "itl_ms": "d",
-    "e2e_latency_ms": "d",
-    "input_length": "q",
-    "requested_output_length": "q",
-    "output_length": "q",
-    "reused_input_tokens": "q",
-    "g1_reused_input_tokens": "q",
-    "host_reused_input_tokens": "q",
-    "disk_reused_input_tokens": "q",
-    "first_admission_reused_input_tokens": "q",
-    "prefill_worker_idx": "q",  # nullable: see NULL_WHERE_NEGATIVE
-    "decode_worker_idx": "q",  # nullable
-    "dp_rank": "q",
-    "n_preemptions": "q",
-    "terminal_status": "c",
-    "reason": "c",
-    # P/D handoff (NaN in aggregated clusters)
-    "prefill_dp_rank": "q",  # nullable
-    "prefill_admit_ms": "d",
-    "source_held_ms": "d",
-    "destination_reserved_ms": "d",
-    "destination_activated_ms": "d",
-    "decode_admit_ms": "d",
-    "source_released_ms": "d",
-    "decode_reused_input_tokens": "q",
-    "transfer_tokens": "q",
-}
-# the rows as recorded: the request's trace index first (the table's sort key, not a column)
-REQUEST_FIELDS = {"_idx": "q", **REQUEST_COLUMNS}
-# nullable int columns (pandas Int64): stored as the request's raw value and NA in the table
-# where the named column is negative (a rank without a worker is NA too, whatever its value)
-NULL_WHERE_NEGATIVE = {
-    "prefill_worker_idx": "prefill_worker_idx",
-    "decode_worker_idx": "decode_worker_idx",
-    "prefill_dp_rank": "prefill_worker_idx",
-}
 # pass records are many (one per engine step): kept column by column in typed arrays
 PASS_COLUMNS = {
     "worker": "i",
@@ -141,11 +97,6 @@ ROUTING_COLUMNS = (
 
 # the tables built from the rows (see Recorder.table_built)
 TABLES = ("requests", "passes", "kv", "kv_events", "transfers", "routing")
-
-COMPLETED = "completed"
-REJECTED = "rejected"
-INCOMPLETE = "incomplete"
-NAN = float("nan")
 
 
 class Appended:
@@ -305,6 +256,8 @@ class Columns:
 
 
 class Recorder:
+    """Every row of a run, appended as it happens (see the module docstring)."""
+
     def __init__(
         self, per_token: bool = False, keep_kv_events: bool = True, pass_table: bool = True
     ) -> None:
@@ -442,61 +395,13 @@ class Recorder:
         req.terminal_ms = now_ms
         if status != INCOMPLETE and now_ms > self.last_event_ms:
             self.last_event_ms = now_ms
-        n = req.num_output_tokens
-        first = req.first_token_ms
-        ttft = first - req.arrival_ms if n else NAN
-        ttst = req.second_token_ms - first if n >= 2 else NAN
-        tpot = (req.last_token_ms - first) / (n - 1) if n >= 2 else NAN
-        e2e = req.last_token_ms - req.arrival_ms if n else NAN
         times = req.token_times_ms
         if status == COMPLETED and times is not None:
             self.itl_gaps_ms.add_gaps_of(times)
         if self.per_token and times is not None:
             self.token_times[req.request_id] = times
         req.token_times_ms = None
-        # the nullable ints go in raw (-1: none); the table turns them into NA
-        self.requests.append(
-            (
-                req.idx,
-                req.request_id,
-                req.session_id,
-                req.turn_index,
-                req.arrival_ms,
-                req.first_admit_ms,
-                first,
-                req.last_token_ms,
-                now_ms,
-                ttft,
-                ttst,
-                tpot,
-                e2e,
-                req.input_length,
-                req.output_length,
-                n,
-                req.reused_input_tokens,
-                req.reused_input_tokens
-                - req.host_reused_input_tokens
-                - req.disk_reused_input_tokens,
-                req.host_reused_input_tokens,
-                req.disk_reused_input_tokens,
-                req.first_admission_reused_tokens,
-                req.prefill_worker_idx,
-                req.worker_idx,
-                req.dp_rank,
-                req.n_preemptions,
-                status,
-                reason,
-                req.prefill_dp_rank,
-                req.prefill_admit_ms,
-                req.source_held_ms,
-                req.destination_reserved_ms,
-                req.destination_activated_ms,
-                req.decode_admit_ms,
-                req.source_released_ms,
-                req.decode_reused_input_tokens,
-                req.transfer_tokens,
-            )
-        )
+        self.requests.append(request_row(req, status, now_ms, reason))
 
     def request_late(self, req: Request, column: str, value: Any) -> None:
         """Set a column of a request that has already ended (e.g. its P/D source released

@@ -23,7 +23,7 @@ import pandas as pd
 
 from servesim.config.schema import SloConfig
 from servesim.metrics.gaps import Multiset
-from servesim.metrics.recorder import COMPLETED, INCOMPLETE, REJECTED
+from servesim.metrics.records import COMPLETED, INCOMPLETE, REJECTED
 from servesim.metrics.tables import time_weighted_mean
 
 STAT_KEYS = ("mean", "min", "max", "median", "p75", "p90", "p95", "p99", "std")

@@ -23,8 +23,9 @@ import pytest
 import servesim.sim as sim
 from servesim import simulate
 from servesim.metrics.recorder import COMPLETED, Appended, Columns, Recorder
+from servesim.metrics.records import REQUEST_DTYPES
 from servesim.metrics.summary import without_wall
-from servesim.metrics.tables import REQUEST_DTYPES, kv_table, passes_table, requests_table
+from servesim.metrics.tables import kv_table, passes_table, requests_table
 from servesim.workload.request import Request
 
 FIXED = {"kind": "fixed", "prefill_ms": 10.0, "decode_ms": 1.0}
