@@ -1,9 +1,11 @@
-"""The one sink the model writes to: append-only rows, turned into tables once at the end.
+"""Records a run as it happens: request ends, engine passes, KV levels and events, transfers.
 
-The hot path only appends (a tuple per terminal request or KV level change, a value per column
-per pass); no pandas is touched until `servesim.metrics.tables` builds the frames. Rows are kept
-column by column in typed arrays (`Columns`), so a replay of a million requests holds 8 bytes a
-number instead of a tuple of boxed floats.
+The one sink the model writes to (routing decisions too): append-only rows, turned into tables
+once at the end. The hot path only appends (a row per terminal request or KV level change, a
+value per column per pass); no pandas is touched until `servesim.metrics.tables` builds the
+frames. Request and KV rows are kept column by column (`servesim.metrics.columns`); the request
+row's fields are defined in `servesim.metrics.records`, passes are kept by
+`servesim.metrics.passes`, and the row layouts of the other tables are here.
 """
 
 from __future__ import annotations
@@ -14,27 +16,15 @@ from typing import Any
 
 import numpy as np
 
+from servesim.metrics.columns import Columns
 from servesim.metrics.gaps import Multiset
+from servesim.metrics.passes import ROLES, PassLog
 from servesim.metrics.records import COMPLETED as COMPLETED
 from servesim.metrics.records import INCOMPLETE as INCOMPLETE
 from servesim.metrics.records import REJECTED as REJECTED
 from servesim.metrics.records import REQUEST_FIELDS, request_row
 from servesim.workload.request import Request
 
-# pass records are many (one per engine step): kept column by column in typed arrays
-PASS_COLUMNS = {
-    "worker": "i",
-    "dp_rank": "i",
-    "start_ms": "d",
-    "end_ms": "d",
-    "prefill_tokens": "q",
-    "prefill_seqs": "i",
-    "decode_seqs": "i",
-    "kv_used_blocks": "q",
-    "preemptions": "i",
-    "role": "b",  # coded: see ROLES
-}
-ROLES = ("aggregated", "prefill", "decode")
 # pool and tier are a few distinct names: stored as codes
 KV_COLUMNS = {
     "t_ms": "d",
@@ -99,162 +89,6 @@ ROUTING_COLUMNS = (
 TABLES = ("requests", "passes", "kv", "kv_events", "transfers", "routing")
 
 
-class Appended:
-    """Arrays of one typecode appended end to end, read back as one numpy array.
-
-    The arrays are kept as they are and joined a few thousand at a time: one array grown by
-    `extend` would be reallocated, and copied, every time it grows by a sixteenth."""
-
-    JOIN_EVERY = 4096
-
-    __slots__ = ("typecode", "_parts", "_chunks", "_n")
-
-    def __init__(self, typecode: str) -> None:
-        self.typecode = typecode
-        self._parts: list[array[Any]] = []  # appended since the last join
-        self._chunks: list[bytes] = []
-        self._n = 0
-
-    def append(self, values: array[Any]) -> None:
-        """Append `values` (an array of this typecode; kept, not copied, until joined)."""
-        if values.typecode != self.typecode:
-            raise TypeError(f"expected an array {self.typecode!r}, got {values.typecode!r}")
-        self._parts.append(values)
-        self._n += len(values)
-        if len(self._parts) >= self.JOIN_EVERY:
-            self._chunks.append(b"".join(self._parts))
-            self._parts = []
-
-    def __len__(self) -> int:
-        return self._n
-
-    def absorb(self, other: Appended) -> None:
-        """Append every value of `other` (of this typecode) after this one's."""
-        self._chunks.append(b"".join(self._parts))
-        self._parts = []
-        self._chunks.extend([*other._chunks, b"".join(other._parts)])
-        self._n += other._n
-
-    def numpy(self) -> np.ndarray:
-        """Every value appended, in order (a new array)."""
-        joined = b"".join([*self._chunks, *self._parts])
-        return np.frombuffer(joined, dtype=self.typecode)
-
-
-def _all_ints(values: tuple[Any, ...]) -> bool:
-    """Whether every value is an int (what an int64 array takes: a float, even 1.0, is not)."""
-    try:
-        array("q", values)
-    except (TypeError, OverflowError):
-        return False
-    return True
-
-
-class Columns:
-    """Rows of a fixed schema, kept column by column.
-
-    The hot path appends one tuple per row; every `CHUNK` rows the tuples move into one column
-    per field, so a long run holds its values rather than its tuples: an array 'd' (float) or
-    'q' (int) holds 8 bytes a number where a tuple slot and a boxed float take 32, a list holds
-    objects ("o"), and a column of a few distinct values ("c": statuses, pool names) holds a
-    4-byte code per row.
-
-    A float column that has only ever received ints comes out int64, as pandas infers it from
-    the values (SimPy's clock starts at the int 0: a run whose arrivals all come at t=0 stamps
-    ints).
-    """
-
-    CHUNK = 4096
-
-    def __init__(self, fields: dict[str, str]) -> None:
-        self.fields = fields
-        self.rows: list[tuple] = []  # appended, not yet moved into the columns
-        self.columns: dict[str, array[Any] | list[Any]] = {
-            name: [] if kind == "o" else array("i" if kind == "c" else kind)
-            for name, kind in fields.items()
-        }
-        # per coded column, value -> code (in code order)
-        self.codes: dict[str, dict[Any, int]] = {
-            name: {} for name, kind in fields.items() if kind == "c"
-        }
-        # float columns that have seen no float yet
-        self.ints_only = {name for name, kind in fields.items() if kind == "d"}
-
-    def append(self, row: tuple) -> None:
-        rows = self.rows
-        rows.append(row)
-        if len(rows) >= self.CHUNK:
-            self.flush()
-
-    def __len__(self) -> int:
-        return len(next(iter(self.columns.values()))) + len(self.rows)
-
-    def flush(self) -> None:
-        """Move the appended rows into the columns."""
-        rows = self.rows
-        if not rows:
-            return
-        ints_only = self.ints_only
-        for (name, kind), values in zip(self.fields.items(), zip(*rows, strict=True), strict=True):
-            column = self.columns[name]
-            if kind == "c":
-                codes = self.codes[name]
-                for v in dict.fromkeys(values):  # new values coded by first appearance
-                    if v not in codes:
-                        codes[v] = len(codes)
-                column.extend(map(codes.__getitem__, values))
-                continue
-            if name in ints_only and not _all_ints(values):
-                ints_only.discard(name)
-            column.extend(values)
-        rows.clear()
-
-    def absorb(self, other: Columns) -> None:
-        """Move `other`'s rows (the same fields) after this one's, a column at a time: `other`
-        is left empty, each of its columns freed once copied."""
-        self.flush()
-        other.flush()
-        for name, kind in self.fields.items():
-            column = self.columns[name]
-            theirs = other.columns[name]
-            other.columns[name] = theirs[:0]
-            if kind == "c":
-                codes = self.codes[name]
-                for v in other.codes[name]:
-                    codes.setdefault(v, len(codes))
-                recode = [codes[v] for v in other.codes[name]]
-                column.extend(map(recode.__getitem__, theirs))  # type: ignore[arg-type]
-            else:
-                column.extend(theirs)  # type: ignore[arg-type]
-        self.ints_only &= other.ints_only
-
-    def array(self, name: str, copy: bool = True) -> np.ndarray:
-        """One column in row order, as a numpy array: float64 or int64 for numbers (a float
-        column of ints only is still float64 here: see `ints_only`), objects otherwise. With
-        `copy=False` a number column is a read-only view of the stored values (valid until the
-        next append), for a caller that copies what it keeps anyway."""
-        self.flush()
-        column = self.columns[name]
-        if isinstance(column, list):
-            out = np.empty(len(column), dtype=object)
-            out[:] = column
-            return out
-        values = np.frombuffer(column, dtype=column.typecode)
-        if self.fields[name] == "c":
-            decoded = np.empty(len(self.codes[name]), dtype=object)
-            decoded[:] = list(self.codes[name])
-            return decoded[values]
-        return values.copy() if copy else values
-
-    def coded(self, name: str) -> tuple[np.ndarray, tuple[Any, ...]]:
-        """A coded column as its codes (a read-only view, valid until the next append) and
-        the value of each code."""
-        self.flush()
-        column = self.columns[name]
-        assert isinstance(column, array) and self.fields[name] == "c"
-        return np.frombuffer(column, dtype=column.typecode), tuple(self.codes[name])
-
-
 class Recorder:
     """Every row of a run, appended as it happens (see the module docstring)."""
 
@@ -268,22 +102,12 @@ class Recorder:
         # without the passes table, passes are only counted
         self.pass_table = pass_table
         self._n_unkept_passes = 0  # passes not kept in `passes`
-        # decode stretches (see pass_stretch), kept as runs: per stretch (single passes
-        # recorded before it, worker, passes, decoding sequences, role code, start), and the
-        # end time and active blocks of each of its passes
-        self.stretches: list[tuple[int, int, int, int, int, float]] = []
-        self.stretch_ends = Appended("d")
-        self.stretch_kv_used = Appended("q")
         # listeners take (t_ms, pool, [(kind, block_hash), ...]): the events of one pool at
         # one instant, in order
         self.kv_listeners: list[Callable[[float, str, list[tuple[str, int]]], None]] = []
         self.routing: list[tuple] = []
         self.requests = Columns(REQUEST_FIELDS)
-        self.passes: dict[str, array[Any]] = {
-            name: array(code) for name, code in PASS_COLUMNS.items()
-        }
-        self._pass_appends: tuple[Callable[[Any], None], ...] = ()
-        self._bind_pass_appends()
+        self.passes = PassLog()
         self.kv = Columns(KV_COLUMNS)
         self.kv_events: list[tuple] = []
         self.transfers: list[tuple] = []
@@ -297,19 +121,10 @@ class Recorder:
         self._tables_built: set[str] = set()  # whose rows forget_rows lets go of
 
     def __getstate__(self) -> dict[str, Any]:
-        # (bound appends are rebuilt on unpickling; listeners belong to the run that made them)
+        # (listeners belong to the run that made them)
         state = dict(self.__dict__)
-        del state["_pass_appends"]
         state["kv_listeners"] = []
         return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._bind_pass_appends()
-
-    def _bind_pass_appends(self) -> None:
-        p = self.passes
-        self._pass_appends = tuple(p[name].append for name in PASS_COLUMNS)
 
     def absorb(self, other: Recorder) -> None:
         """Append the rows `other` recorded after this recorder's: the recorder of another
@@ -319,16 +134,7 @@ class Recorder:
         so the tables come out as if one recorder had heard both parts."""
         self.requests.absorb(other.requests)
         self.late_values.absorb(other.late_values)
-        n_single = len(self.passes["end_ms"])
-        for name, column in self.passes.items():
-            theirs = other.passes[name]
-            other.passes[name] = theirs[:0]  # (freed once copied)
-            column.extend(theirs)
-        self.stretches.extend(
-            [(at + n_single, w, k, n, role, t) for at, w, k, n, role, t in other.stretches]
-        )
-        self.stretch_ends.absorb(other.stretch_ends)
-        self.stretch_kv_used.absorb(other.stretch_kv_used)
+        self.passes.absorb(other.passes)
         self._n_unkept_passes += other._n_unkept_passes
         self.kv.absorb(other.kv)
         self.kv_events.extend(other.kv_events)  # numbered by the table, in its order
@@ -342,7 +148,7 @@ class Recorder:
     @property
     def n_passes(self) -> int:
         """Engine passes recorded, whether or not the passes table keeps them."""
-        return len(self.passes["end_ms"]) + len(self.stretch_ends) + self._n_unkept_passes
+        return len(self.passes) + self._n_unkept_passes
 
     @property
     def late(self) -> dict[tuple[int, str], Any]:
@@ -371,13 +177,9 @@ class Recorder:
         if "requests" in built:
             self.requests = Columns(REQUEST_FIELDS)
             self.late_values = Columns(LATE_COLUMNS)
-        if "passes" in built and self.n_passes > self._n_unkept_passes:
-            self._n_unkept_passes = self.n_passes  # n_passes still counts them
-            self.passes = {name: array(code) for name, code in PASS_COLUMNS.items()}
-            self._bind_pass_appends()
-            self.stretches = []
-            self.stretch_ends = Appended("d")
-            self.stretch_kv_used = Appended("q")
+        if "passes" in built and len(self.passes):
+            self._n_unkept_passes += len(self.passes)  # n_passes still counts them
+            self.passes = PassLog()
         if "kv" in built:
             self.kv = Columns(KV_COLUMNS)
         if "kv_events" in built:
@@ -428,7 +230,7 @@ class Recorder:
         if not self.pass_table:
             self._n_unkept_passes += 1
             return
-        (a_w, a_r, a_s, a_e, a_pt, a_ps, a_ds, a_kv, a_pre, a_role) = self._pass_appends
+        (a_w, a_r, a_s, a_e, a_pt, a_ps, a_ds, a_kv, a_pre, a_role) = self.passes.appends
         a_w(worker)
         a_r(dp_rank)
         a_s(start_ms)
@@ -458,61 +260,12 @@ class Recorder:
         if not self.pass_table:
             self._n_unkept_passes += k
             return
-        self.stretches.append(
-            (
-                len(self.passes["end_ms"]),
-                worker,
-                k,
-                decode_seqs,
-                ROLES.index(role),
-                start_ms,
-            )
-        )
-        self.stretch_ends.append(ends)
-        self.stretch_kv_used.append(kv_used_blocks)
+        self.passes.add_stretch(worker, start_ms, ends, decode_seqs, kv_used_blocks, role)
 
     def pass_columns(self) -> dict[str, np.ndarray]:
         """Every kept pass as columns (numpy arrays): the passes recorded one by one, then the
         decode stretches' runs expanded, and `seq`, each pass's place in recording order."""
-        single = {name: np.frombuffer(col, dtype=col.typecode) for name, col in self.passes.items()}
-        n_single = len(single["end_ms"])
-        if not self.stretches:
-            return {**single, "seq": np.arange(n_single)}
-        at, worker, k, decode_seqs, role, start = (
-            np.array(c) for c in zip(*self.stretches, strict=True)
-        )
-        ends = self.stretch_ends.numpy()
-        n_stretch = len(ends)
-        first = np.cumsum(k) - k  # each stretch's first row among the run rows
-        # each pass starts where the previous pass of its stretch ended
-        starts = np.empty(n_stretch)
-        starts[1:] = ends[:-1]
-        starts[first] = start
-        zeros = np.zeros(n_stretch, dtype=np.int8)
-        runs = {
-            "worker": np.repeat(worker, k),
-            "dp_rank": zeros,
-            "start_ms": starts,
-            "end_ms": ends,
-            "prefill_tokens": zeros,
-            "prefill_seqs": zeros,
-            "decode_seqs": np.repeat(decode_seqs, k),
-            "kv_used_blocks": self.stretch_kv_used.numpy(),
-            "preemptions": zeros,
-            "role": np.repeat(role, k),
-        }
-        out = {
-            name: np.concatenate((values, runs[name].astype(values.dtype, copy=False)))
-            for name, values in single.items()
-        }
-        # recording order: a single pass comes after the run rows of every stretch recorded
-        # before it; a stretch's j-th run row after the `at` single passes recorded before
-        # that stretch and the run rows before it
-        rows_before = np.concatenate(([0], np.cumsum(k)))
-        single_seq = np.arange(n_single)
-        single_seq += rows_before[np.searchsorted(at, single_seq, "right")]
-        out["seq"] = np.concatenate((single_seq, np.repeat(at, k) + np.arange(n_stretch)))
-        return out
+        return self.passes.columns()
 
     def kv_level(
         self,

@@ -8,14 +8,9 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from servesim.metrics.recorder import (
-    KV_EVENT_COLUMNS,
-    ROLES,
-    ROUTING_COLUMNS,
-    TRANSFER_COLUMNS,
-    Columns,
-    Recorder,
-)
+from servesim.metrics.columns import Columns
+from servesim.metrics.passes import ROLES
+from servesim.metrics.recorder import KV_EVENT_COLUMNS, ROUTING_COLUMNS, TRANSFER_COLUMNS, Recorder
 from servesim.metrics.records import NULL_WHERE_NEGATIVE, REQUEST_COLUMNS, REQUEST_DTYPES
 
 # pandas' default text dtype (pandas 3 with pyarrow): what it infers for a column of str

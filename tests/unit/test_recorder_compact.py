@@ -22,7 +22,8 @@ import pytest
 
 import servesim.sim as sim
 from servesim import simulate
-from servesim.metrics.recorder import COMPLETED, Appended, Columns, Recorder
+from servesim.metrics.columns import Appended, Columns
+from servesim.metrics.recorder import COMPLETED, Recorder
 from servesim.metrics.records import REQUEST_DTYPES
 from servesim.metrics.summary import without_wall
 from servesim.metrics.tables import kv_table, passes_table, requests_table
