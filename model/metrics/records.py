@@ -145,12 +145,12 @@ REQUEST_RECORD: tuple[Field, ...] = (
         jsonl="ttst_ms",
     ),
     Field(
-        "itl_ms",
+        "tpot_ms",
         "float",
         "ms",
         (
-            "this request's TPOT: `(last_token_ms - first_token_ms) / (output_length - 1)`; NaN "
-            "with fewer than 2 tokens"
+            "this request's TPOT (time per output token after the first): `(last_token_ms - "
+            "first_token_ms) / (output_length - 1)`; NaN with fewer than 2 tokens"
         ),
         jsonl="itl_ms",
     ),
@@ -403,7 +403,7 @@ def request_row(req: Request, status: str, now_ms: float, reason: str) -> tuple:
         now_ms,  # terminal_ms
         first - req.arrival_ms if n else NAN,  # ttft_ms
         req.second_token_ms - first if n >= 2 else NAN,  # ttst_ms
-        (req.last_token_ms - first) / (n - 1) if n >= 2 else NAN,  # itl_ms
+        (req.last_token_ms - first) / (n - 1) if n >= 2 else NAN,  # tpot_ms
         req.last_token_ms - req.arrival_ms if n else NAN,  # e2e_latency_ms
         req.input_length,
         req.output_length,  # requested_output_length

@@ -42,7 +42,7 @@ OLD_REQUEST_COLUMNS = (
     "terminal_ms",
     "ttft_ms",
     "ttst_ms",
-    "itl_ms",
+    "tpot_ms",
     "e2e_latency_ms",
     "input_length",
     "requested_output_length",

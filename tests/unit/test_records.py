@@ -56,6 +56,14 @@ def test_the_docs_jsonl_table_lists_the_exported_fields_in_order():
         assert row[1].startswith(f"`{f.name}`"), (row, f.name)
 
 
+def test_the_tpot_column_says_what_it_holds():
+    """Per-request TPOT is `tpot_ms` in the table; requests.jsonl keeps the mocker's `itl_ms`
+    (the pooled inter-token gaps are the summary's `itl`, not a column)."""
+    (tpot,) = [f for f in REQUEST_RECORD if f.name == "tpot_ms"]
+    assert tpot.jsonl == "itl_ms" and "TPOT" in tpot.meaning
+    assert not any(f.name == "itl_ms" for f in REQUEST_RECORD)
+
+
 def test_a_run_has_the_record_columns_and_dtypes(config, trace):
     """A P/D run with sessions: every column in order, each of its dtype (times are floats
     here: arrivals off the start of the clock)."""
@@ -118,7 +126,7 @@ def test_the_row_puts_each_value_under_its_column():
         "terminal_ms": 999.0,
         "ttft_ms": 20.0,
         "ttst_ms": 10.0,
-        "itl_ms": 5.0,  # (140 - 120) / (5 - 1)
+        "tpot_ms": 5.0,  # (140 - 120) / (5 - 1)
         "e2e_latency_ms": 40.0,
         "input_length": 300,
         "requested_output_length": 9,
@@ -151,7 +159,7 @@ def test_a_row_without_a_second_token_has_no_tpot():
     req.arrival_ms = req.first_token_ms = req.last_token_ms = 4.0
     req.num_output_tokens = 1
     row = dict(zip(REQUEST_FIELDS, request_row(req, "completed", 4.0, ""), strict=True))
-    assert row["ttft_ms"] == 0.0 and math.isnan(row["ttst_ms"]) and math.isnan(row["itl_ms"])
+    assert row["ttft_ms"] == 0.0 and math.isnan(row["ttst_ms"]) and math.isnan(row["tpot_ms"])
 
 
 def _table(**columns: list) -> pd.DataFrame:
@@ -177,7 +185,7 @@ def test_jsonl_records_export_the_named_fields_in_table_order():
         terminal_status=["completed", "rejected", "incomplete", "completed"],
         reason=["", "no room", "cut", ""],
         arrival_ms=[5.0, 5.0, 1.0, 0.0],
-        itl_ms=[2.5, np.nan, np.nan, 1.0],
+        tpot_ms=[2.5, np.nan, np.nan, 1.0],
         prefill_worker_idx=[1, 0, None, None],
         prefill_dp_rank=[1, 0, None, None],
         decode_worker_idx=[1, None, 0, 2],
@@ -194,4 +202,4 @@ def test_jsonl_records_export_the_named_fields_in_table_order():
     assert (d["prefill_worker_idx"], d["decode_worker_idx"]) == (None, 7)
     assert b["decode_reused_input_tokens"] == 64
     assert a["decode_reused_input_tokens"] is None and d["decode_reused_input_tokens"] is None
-    assert "reason" not in b
+    assert "reason" not in b and "tpot_ms" not in b
