@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from servesim.metrics.recorder import INCOMPLETE
+from servesim.metrics.records import jsonl_records
 
 SUMMARY = "summary.json"
 ERROR = "error.json"
@@ -98,53 +98,10 @@ def write_error(out_dir: str | Path, status: str, exit_status: int, message: str
 def write_requests_jsonl(
     requests: pd.DataFrame, path: Path, prefill_dp: int = 1, decode_dp: int = 1
 ) -> None:
-    """One JSON object per ended request, with the mocker's per-request field names (worker
-    indices are the mocker's scheduler ids: worker x dp_size + rank)."""
-    ended = requests[requests["terminal_status"] != INCOMPLETE]
-    ended = ended.sort_values(["arrival_ms", "request_id"], kind="stable")
+    """One JSON object per ended request (`jsonl_records`: the mocker's per-request field names;
+    worker indices are its scheduler ids, worker x dp_size + rank)."""
     with replacing(path) as tmp, tmp.open("w") as fh:
-        for row in ended.itertuples(index=False):
-            r = row._asdict()
-            prefill = r["prefill_worker_idx"]
-            decode = r["decode_worker_idx"]
-            rec = {
-                "request_id": r["request_id"],
-                "session_id": r["session_id"],
-                "turn_index": r["turn_index"],
-                "arrival_time_ms": r["arrival_ms"],
-                "first_admit_ms": r["first_admit_ms"],
-                "terminal_time_ms": r["terminal_ms"],
-                "first_token_ms": r["first_token_ms"],
-                "last_token_ms": r["last_token_ms"],
-                "ttft_ms": r["ttft_ms"],
-                "ttst_ms": r["ttst_ms"],
-                "e2e_latency_ms": r["e2e_latency_ms"],
-                "itl_ms": r["itl_ms"],
-                "input_length": r["input_length"],
-                "requested_output_length": r["requested_output_length"],
-                "output_length": r["output_length"],
-                "reused_input_tokens": r["reused_input_tokens"],
-                "prefill_worker_idx": None
-                if prefill is pd.NA or prefill is None
-                else int(prefill) * prefill_dp + int(r["prefill_dp_rank"]),
-                "decode_worker_idx": None
-                if decode is pd.NA or decode is None
-                else int(decode) * decode_dp + int(r["dp_rank"]),
-                "prefill_admit_ms": r["prefill_admit_ms"],
-                "source_held_ms": r["source_held_ms"],
-                "destination_reserved_ms": r["destination_reserved_ms"],
-                "destination_activated_ms": r["destination_activated_ms"],
-                "decode_admit_ms": r["decode_admit_ms"],
-                "source_released_ms": r["source_released_ms"],
-                # null unless a P/D request reached a decode worker (as the mocker writes it)
-                "decode_reused_input_tokens": r["decode_reused_input_tokens"]
-                if prefill is not pd.NA
-                and prefill is not None
-                and decode is not pd.NA
-                and decode is not None
-                else None,
-                "terminal_status": r["terminal_status"],
-            }
+        for rec in jsonl_records(requests, prefill_dp, decode_dp):
             fh.write(json.dumps({k: _jsonable(v) for k, v in rec.items()}) + "\n")
 
 

@@ -1,9 +1,11 @@
-"""The one sink the model writes to: append-only rows, turned into tables once at the end.
+"""Records a run as it happens: request ends, engine passes, KV levels and events, transfers.
 
-The hot path only appends (a tuple per terminal request or KV level change, a value per column
-per pass); no pandas is touched until `servesim.metrics.tables` builds the frames. Rows are kept
-column by column in typed arrays (`Columns`), so a replay of a million requests holds 8 bytes a
-number instead of a tuple of boxed floats.
+The one sink the model writes to (routing decisions too): append-only rows, turned into tables
+once at the end. The hot path only appends (a row per terminal request or KV level change, a
+value per column per pass); no pandas is touched until `servesim.metrics.tables` builds the
+frames. Request and KV rows are kept column by column (`servesim.metrics.columns`); the request
+row's fields are defined in `servesim.metrics.records`, passes are kept by
+`servesim.metrics.passes`, and the row layouts of the other tables are here.
 """
 
 from __future__ import annotations
@@ -14,71 +16,15 @@ from typing import Any
 
 import numpy as np
 
+from servesim.metrics.columns import Columns
 from servesim.metrics.gaps import Multiset
+from servesim.metrics.passes import ROLES, PassLog
+from servesim.metrics.records import COMPLETED as COMPLETED
+from servesim.metrics.records import INCOMPLETE as INCOMPLETE
+from servesim.metrics.records import REJECTED as REJECTED
+from servesim.metrics.records import REQUEST_FIELDS, request_row
 from servesim.workload.request import Request
 
-# how each request column is stored (see Columns): "d" float, "q" int, "o" object, "c" coded
-REQUEST_COLUMNS = {
-    "request_id": "o",
-    "session_id": "o",  # None outside sessions
-    "turn_index": "q",
-    "arrival_ms": "d",
-    "first_admit_ms": "d",
-    "first_token_ms": "d",
-    "last_token_ms": "d",
-    "terminal_ms": "d",
-    "ttft_ms": "d",
-    "ttst_ms": "d",
-    "itl_ms": "d",
-    "e2e_latency_ms": "d",
-    "input_length": "q",
-    "requested_output_length": "q",
-    "output_length": "q",
-    "reused_input_tokens": "q",
-    "g1_reused_input_tokens": "q",
-    "host_reused_input_tokens": "q",
-    "disk_reused_input_tokens": "q",
-    "first_admission_reused_input_tokens": "q",
-    "prefill_worker_idx": "q",  # nullable: see NULL_WHERE_NEGATIVE
-    "decode_worker_idx": "q",  # nullable
-    "dp_rank": "q",
-    "n_preemptions": "q",
-    "terminal_status": "c",
-    "reason": "c",
-    # P/D handoff (NaN in aggregated clusters)
-    "prefill_dp_rank": "q",  # nullable
-    "prefill_admit_ms": "d",
-    "source_held_ms": "d",
-    "destination_reserved_ms": "d",
-    "destination_activated_ms": "d",
-    "decode_admit_ms": "d",
-    "source_released_ms": "d",
-    "decode_reused_input_tokens": "q",
-    "transfer_tokens": "q",
-}
-# the rows as recorded: the request's trace index first (the table's sort key, not a column)
-REQUEST_FIELDS = {"_idx": "q", **REQUEST_COLUMNS}
-# nullable int columns (pandas Int64): stored as the request's raw value and NA in the table
-# where the named column is negative (a rank without a worker is NA too, whatever its value)
-NULL_WHERE_NEGATIVE = {
-    "prefill_worker_idx": "prefill_worker_idx",
-    "decode_worker_idx": "decode_worker_idx",
-    "prefill_dp_rank": "prefill_worker_idx",
-}
-# pass records are many (one per engine step): kept column by column in typed arrays
-PASS_COLUMNS = {
-    "worker": "i",
-    "dp_rank": "i",
-    "start_ms": "d",
-    "end_ms": "d",
-    "prefill_tokens": "q",
-    "prefill_seqs": "i",
-    "decode_seqs": "i",
-    "kv_used_blocks": "q",
-    "preemptions": "i",
-    "role": "b",  # coded: see ROLES
-}
-ROLES = ("aggregated", "prefill", "decode")
 # pool and tier are a few distinct names: stored as codes
 KV_COLUMNS = {
     "t_ms": "d",
@@ -142,169 +88,10 @@ ROUTING_COLUMNS = (
 # the tables built from the rows (see Recorder.table_built)
 TABLES = ("requests", "passes", "kv", "kv_events", "transfers", "routing")
 
-COMPLETED = "completed"
-REJECTED = "rejected"
-INCOMPLETE = "incomplete"
-NAN = float("nan")
-
-
-class Appended:
-    """Arrays of one typecode appended end to end, read back as one numpy array.
-
-    The arrays are kept as they are and joined a few thousand at a time: one array grown by
-    `extend` would be reallocated, and copied, every time it grows by a sixteenth."""
-
-    JOIN_EVERY = 4096
-
-    __slots__ = ("typecode", "_parts", "_chunks", "_n")
-
-    def __init__(self, typecode: str) -> None:
-        self.typecode = typecode
-        self._parts: list[array[Any]] = []  # appended since the last join
-        self._chunks: list[bytes] = []
-        self._n = 0
-
-    def append(self, values: array[Any]) -> None:
-        """Append `values` (an array of this typecode; kept, not copied, until joined)."""
-        if values.typecode != self.typecode:
-            raise TypeError(f"expected an array {self.typecode!r}, got {values.typecode!r}")
-        self._parts.append(values)
-        self._n += len(values)
-        if len(self._parts) >= self.JOIN_EVERY:
-            self._chunks.append(b"".join(self._parts))
-            self._parts = []
-
-    def __len__(self) -> int:
-        return self._n
-
-    def absorb(self, other: Appended) -> None:
-        """Append every value of `other` (of this typecode) after this one's."""
-        self._chunks.append(b"".join(self._parts))
-        self._parts = []
-        self._chunks.extend([*other._chunks, b"".join(other._parts)])
-        self._n += other._n
-
-    def numpy(self) -> np.ndarray:
-        """Every value appended, in order (a new array)."""
-        joined = b"".join([*self._chunks, *self._parts])
-        return np.frombuffer(joined, dtype=self.typecode)
-
-
-def _all_ints(values: tuple[Any, ...]) -> bool:
-    """Whether every value is an int (what an int64 array takes: a float, even 1.0, is not)."""
-    try:
-        array("q", values)
-    except (TypeError, OverflowError):
-        return False
-    return True
-
-
-class Columns:
-    """Rows of a fixed schema, kept column by column.
-
-    The hot path appends one tuple per row; every `CHUNK` rows the tuples move into one column
-    per field, so a long run holds its values rather than its tuples: an array 'd' (float) or
-    'q' (int) holds 8 bytes a number where a tuple slot and a boxed float take 32, a list holds
-    objects ("o"), and a column of a few distinct values ("c": statuses, pool names) holds a
-    4-byte code per row.
-
-    A float column that has only ever received ints comes out int64, as pandas infers it from
-    the values (SimPy's clock starts at the int 0: a run whose arrivals all come at t=0 stamps
-    ints).
-    """
-
-    CHUNK = 4096
-
-    def __init__(self, fields: dict[str, str]) -> None:
-        self.fields = fields
-        self.rows: list[tuple] = []  # appended, not yet moved into the columns
-        self.columns: dict[str, array[Any] | list[Any]] = {
-            name: [] if kind == "o" else array("i" if kind == "c" else kind)
-            for name, kind in fields.items()
-        }
-        # per coded column, value -> code (in code order)
-        self.codes: dict[str, dict[Any, int]] = {
-            name: {} for name, kind in fields.items() if kind == "c"
-        }
-        # float columns that have seen no float yet
-        self.ints_only = {name for name, kind in fields.items() if kind == "d"}
-
-    def append(self, row: tuple) -> None:
-        rows = self.rows
-        rows.append(row)
-        if len(rows) >= self.CHUNK:
-            self.flush()
-
-    def __len__(self) -> int:
-        return len(next(iter(self.columns.values()))) + len(self.rows)
-
-    def flush(self) -> None:
-        """Move the appended rows into the columns."""
-        rows = self.rows
-        if not rows:
-            return
-        ints_only = self.ints_only
-        for (name, kind), values in zip(self.fields.items(), zip(*rows, strict=True), strict=True):
-            column = self.columns[name]
-            if kind == "c":
-                codes = self.codes[name]
-                for v in dict.fromkeys(values):  # new values coded by first appearance
-                    if v not in codes:
-                        codes[v] = len(codes)
-                column.extend(map(codes.__getitem__, values))
-                continue
-            if name in ints_only and not _all_ints(values):
-                ints_only.discard(name)
-            column.extend(values)
-        rows.clear()
-
-    def absorb(self, other: Columns) -> None:
-        """Move `other`'s rows (the same fields) after this one's, a column at a time: `other`
-        is left empty, each of its columns freed once copied."""
-        self.flush()
-        other.flush()
-        for name, kind in self.fields.items():
-            column = self.columns[name]
-            theirs = other.columns[name]
-            other.columns[name] = theirs[:0]
-            if kind == "c":
-                codes = self.codes[name]
-                for v in other.codes[name]:
-                    codes.setdefault(v, len(codes))
-                recode = [codes[v] for v in other.codes[name]]
-                column.extend(map(recode.__getitem__, theirs))  # type: ignore[arg-type]
-            else:
-                column.extend(theirs)  # type: ignore[arg-type]
-        self.ints_only &= other.ints_only
-
-    def array(self, name: str, copy: bool = True) -> np.ndarray:
-        """One column in row order, as a numpy array: float64 or int64 for numbers (a float
-        column of ints only is still float64 here: see `ints_only`), objects otherwise. With
-        `copy=False` a number column is a read-only view of the stored values (valid until the
-        next append), for a caller that copies what it keeps anyway."""
-        self.flush()
-        column = self.columns[name]
-        if isinstance(column, list):
-            out = np.empty(len(column), dtype=object)
-            out[:] = column
-            return out
-        values = np.frombuffer(column, dtype=column.typecode)
-        if self.fields[name] == "c":
-            decoded = np.empty(len(self.codes[name]), dtype=object)
-            decoded[:] = list(self.codes[name])
-            return decoded[values]
-        return values.copy() if copy else values
-
-    def coded(self, name: str) -> tuple[np.ndarray, tuple[Any, ...]]:
-        """A coded column as its codes (a read-only view, valid until the next append) and
-        the value of each code."""
-        self.flush()
-        column = self.columns[name]
-        assert isinstance(column, array) and self.fields[name] == "c"
-        return np.frombuffer(column, dtype=column.typecode), tuple(self.codes[name])
-
 
 class Recorder:
+    """Every row of a run, appended as it happens (see the module docstring)."""
+
     def __init__(
         self, per_token: bool = False, keep_kv_events: bool = True, pass_table: bool = True
     ) -> None:
@@ -315,22 +102,12 @@ class Recorder:
         # without the passes table, passes are only counted
         self.pass_table = pass_table
         self._n_unkept_passes = 0  # passes not kept in `passes`
-        # decode stretches (see pass_stretch), kept as runs: per stretch (single passes
-        # recorded before it, worker, passes, decoding sequences, role code, start), and the
-        # end time and active blocks of each of its passes
-        self.stretches: list[tuple[int, int, int, int, int, float]] = []
-        self.stretch_ends = Appended("d")
-        self.stretch_kv_used = Appended("q")
         # listeners take (t_ms, pool, [(kind, block_hash), ...]): the events of one pool at
         # one instant, in order
         self.kv_listeners: list[Callable[[float, str, list[tuple[str, int]]], None]] = []
         self.routing: list[tuple] = []
         self.requests = Columns(REQUEST_FIELDS)
-        self.passes: dict[str, array[Any]] = {
-            name: array(code) for name, code in PASS_COLUMNS.items()
-        }
-        self._pass_appends: tuple[Callable[[Any], None], ...] = ()
-        self._bind_pass_appends()
+        self.passes = PassLog()
         self.kv = Columns(KV_COLUMNS)
         self.kv_events: list[tuple] = []
         self.transfers: list[tuple] = []
@@ -344,19 +121,10 @@ class Recorder:
         self._tables_built: set[str] = set()  # whose rows forget_rows lets go of
 
     def __getstate__(self) -> dict[str, Any]:
-        # (bound appends are rebuilt on unpickling; listeners belong to the run that made them)
+        # (listeners belong to the run that made them)
         state = dict(self.__dict__)
-        del state["_pass_appends"]
         state["kv_listeners"] = []
         return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._bind_pass_appends()
-
-    def _bind_pass_appends(self) -> None:
-        p = self.passes
-        self._pass_appends = tuple(p[name].append for name in PASS_COLUMNS)
 
     def absorb(self, other: Recorder) -> None:
         """Append the rows `other` recorded after this recorder's: the recorder of another
@@ -366,16 +134,7 @@ class Recorder:
         so the tables come out as if one recorder had heard both parts."""
         self.requests.absorb(other.requests)
         self.late_values.absorb(other.late_values)
-        n_single = len(self.passes["end_ms"])
-        for name, column in self.passes.items():
-            theirs = other.passes[name]
-            other.passes[name] = theirs[:0]  # (freed once copied)
-            column.extend(theirs)
-        self.stretches.extend(
-            [(at + n_single, w, k, n, role, t) for at, w, k, n, role, t in other.stretches]
-        )
-        self.stretch_ends.absorb(other.stretch_ends)
-        self.stretch_kv_used.absorb(other.stretch_kv_used)
+        self.passes.absorb(other.passes)
         self._n_unkept_passes += other._n_unkept_passes
         self.kv.absorb(other.kv)
         self.kv_events.extend(other.kv_events)  # numbered by the table, in its order
@@ -389,7 +148,7 @@ class Recorder:
     @property
     def n_passes(self) -> int:
         """Engine passes recorded, whether or not the passes table keeps them."""
-        return len(self.passes["end_ms"]) + len(self.stretch_ends) + self._n_unkept_passes
+        return len(self.passes) + self._n_unkept_passes
 
     @property
     def late(self) -> dict[tuple[int, str], Any]:
@@ -418,13 +177,9 @@ class Recorder:
         if "requests" in built:
             self.requests = Columns(REQUEST_FIELDS)
             self.late_values = Columns(LATE_COLUMNS)
-        if "passes" in built and self.n_passes > self._n_unkept_passes:
-            self._n_unkept_passes = self.n_passes  # n_passes still counts them
-            self.passes = {name: array(code) for name, code in PASS_COLUMNS.items()}
-            self._bind_pass_appends()
-            self.stretches = []
-            self.stretch_ends = Appended("d")
-            self.stretch_kv_used = Appended("q")
+        if "passes" in built and len(self.passes):
+            self._n_unkept_passes += len(self.passes)  # n_passes still counts them
+            self.passes = PassLog()
         if "kv" in built:
             self.kv = Columns(KV_COLUMNS)
         if "kv_events" in built:
@@ -442,61 +197,13 @@ class Recorder:
         req.terminal_ms = now_ms
         if status != INCOMPLETE and now_ms > self.last_event_ms:
             self.last_event_ms = now_ms
-        n = req.num_output_tokens
-        first = req.first_token_ms
-        ttft = first - req.arrival_ms if n else NAN
-        ttst = req.second_token_ms - first if n >= 2 else NAN
-        tpot = (req.last_token_ms - first) / (n - 1) if n >= 2 else NAN
-        e2e = req.last_token_ms - req.arrival_ms if n else NAN
         times = req.token_times_ms
         if status == COMPLETED and times is not None:
             self.itl_gaps_ms.add_gaps_of(times)
         if self.per_token and times is not None:
             self.token_times[req.request_id] = times
         req.token_times_ms = None
-        # the nullable ints go in raw (-1: none); the table turns them into NA
-        self.requests.append(
-            (
-                req.idx,
-                req.request_id,
-                req.session_id,
-                req.turn_index,
-                req.arrival_ms,
-                req.first_admit_ms,
-                first,
-                req.last_token_ms,
-                now_ms,
-                ttft,
-                ttst,
-                tpot,
-                e2e,
-                req.input_length,
-                req.output_length,
-                n,
-                req.reused_input_tokens,
-                req.reused_input_tokens
-                - req.host_reused_input_tokens
-                - req.disk_reused_input_tokens,
-                req.host_reused_input_tokens,
-                req.disk_reused_input_tokens,
-                req.first_admission_reused_tokens,
-                req.prefill_worker_idx,
-                req.worker_idx,
-                req.dp_rank,
-                req.n_preemptions,
-                status,
-                reason,
-                req.prefill_dp_rank,
-                req.prefill_admit_ms,
-                req.source_held_ms,
-                req.destination_reserved_ms,
-                req.destination_activated_ms,
-                req.decode_admit_ms,
-                req.source_released_ms,
-                req.decode_reused_input_tokens,
-                req.transfer_tokens,
-            )
-        )
+        self.requests.append(request_row(req, status, now_ms, reason))
 
     def request_late(self, req: Request, column: str, value: Any) -> None:
         """Set a column of a request that has already ended (e.g. its P/D source released
@@ -523,7 +230,7 @@ class Recorder:
         if not self.pass_table:
             self._n_unkept_passes += 1
             return
-        (a_w, a_r, a_s, a_e, a_pt, a_ps, a_ds, a_kv, a_pre, a_role) = self._pass_appends
+        (a_w, a_r, a_s, a_e, a_pt, a_ps, a_ds, a_kv, a_pre, a_role) = self.passes.appends
         a_w(worker)
         a_r(dp_rank)
         a_s(start_ms)
@@ -553,61 +260,12 @@ class Recorder:
         if not self.pass_table:
             self._n_unkept_passes += k
             return
-        self.stretches.append(
-            (
-                len(self.passes["end_ms"]),
-                worker,
-                k,
-                decode_seqs,
-                ROLES.index(role),
-                start_ms,
-            )
-        )
-        self.stretch_ends.append(ends)
-        self.stretch_kv_used.append(kv_used_blocks)
+        self.passes.add_stretch(worker, start_ms, ends, decode_seqs, kv_used_blocks, role)
 
     def pass_columns(self) -> dict[str, np.ndarray]:
         """Every kept pass as columns (numpy arrays): the passes recorded one by one, then the
         decode stretches' runs expanded, and `seq`, each pass's place in recording order."""
-        single = {name: np.frombuffer(col, dtype=col.typecode) for name, col in self.passes.items()}
-        n_single = len(single["end_ms"])
-        if not self.stretches:
-            return {**single, "seq": np.arange(n_single)}
-        at, worker, k, decode_seqs, role, start = (
-            np.array(c) for c in zip(*self.stretches, strict=True)
-        )
-        ends = self.stretch_ends.numpy()
-        n_stretch = len(ends)
-        first = np.cumsum(k) - k  # each stretch's first row among the run rows
-        # each pass starts where the previous pass of its stretch ended
-        starts = np.empty(n_stretch)
-        starts[1:] = ends[:-1]
-        starts[first] = start
-        zeros = np.zeros(n_stretch, dtype=np.int8)
-        runs = {
-            "worker": np.repeat(worker, k),
-            "dp_rank": zeros,
-            "start_ms": starts,
-            "end_ms": ends,
-            "prefill_tokens": zeros,
-            "prefill_seqs": zeros,
-            "decode_seqs": np.repeat(decode_seqs, k),
-            "kv_used_blocks": self.stretch_kv_used.numpy(),
-            "preemptions": zeros,
-            "role": np.repeat(role, k),
-        }
-        out = {
-            name: np.concatenate((values, runs[name].astype(values.dtype, copy=False)))
-            for name, values in single.items()
-        }
-        # recording order: a single pass comes after the run rows of every stretch recorded
-        # before it; a stretch's j-th run row after the `at` single passes recorded before
-        # that stretch and the run rows before it
-        rows_before = np.concatenate(([0], np.cumsum(k)))
-        single_seq = np.arange(n_single)
-        single_seq += rows_before[np.searchsorted(at, single_seq, "right")]
-        out["seq"] = np.concatenate((single_seq, np.repeat(at, k) + np.arange(n_stretch)))
-        return out
+        return self.passes.columns()
 
     def kv_level(
         self,

@@ -23,7 +23,7 @@ import pandas as pd
 
 from servesim.config.schema import SloConfig
 from servesim.metrics.gaps import Multiset
-from servesim.metrics.recorder import COMPLETED, INCOMPLETE, REJECTED
+from servesim.metrics.records import COMPLETED, INCOMPLETE, REJECTED
 from servesim.metrics.tables import time_weighted_mean
 
 STAT_KEYS = ("mean", "min", "max", "median", "p75", "p90", "p95", "p99", "std")
@@ -174,7 +174,7 @@ def summarize(
 
     ttft = done["ttft_ms"].dropna().to_numpy()
     ttst = done["ttst_ms"].dropna().to_numpy()
-    tpot = done["itl_ms"].dropna().to_numpy()
+    tpot = done["tpot_ms"].dropna().to_numpy()
     e2e = done["e2e_latency_ms"].dropna().to_numpy()
     gaps = itl_gaps_ms if isinstance(itl_gaps_ms, Multiset) else Multiset.of(itl_gaps_ms)
     gap_values, gap_counts = gaps.distinct()

@@ -8,38 +8,13 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from servesim.metrics.recorder import (
-    KV_EVENT_COLUMNS,
-    NULL_WHERE_NEGATIVE,
-    REQUEST_COLUMNS,
-    ROLES,
-    ROUTING_COLUMNS,
-    TRANSFER_COLUMNS,
-    Columns,
-    Recorder,
-)
+from servesim.metrics.columns import Columns
+from servesim.metrics.passes import ROLES
+from servesim.metrics.recorder import KV_EVENT_COLUMNS, ROUTING_COLUMNS, TRANSFER_COLUMNS, Recorder
+from servesim.metrics.records import NULL_WHERE_NEGATIVE, REQUEST_COLUMNS, REQUEST_DTYPES
 
 # pandas' default text dtype (pandas 3 with pyarrow): what it infers for a column of str
 STR = pd.StringDtype("pyarrow", na_value=np.nan)
-
-REQUEST_DTYPES = {
-    "turn_index": "int64",
-    "input_length": "int64",
-    "requested_output_length": "int64",
-    "output_length": "int64",
-    "reused_input_tokens": "int64",
-    "g1_reused_input_tokens": "int64",
-    "host_reused_input_tokens": "int64",
-    "disk_reused_input_tokens": "int64",
-    "first_admission_reused_input_tokens": "int64",
-    "prefill_worker_idx": "Int64",
-    "decode_worker_idx": "Int64",
-    "dp_rank": "int64",
-    "prefill_dp_rank": "Int64",
-    "decode_reused_input_tokens": "int64",
-    "transfer_tokens": "int64",
-    "n_preemptions": "int64",
-}
 
 
 def requests_table(rec: Recorder) -> pd.DataFrame:

@@ -56,7 +56,7 @@ def test_lone_request_handoff_in_order(config, trace):
     r = run(config, trace, [row(0, 1000, 5, ids(0, 1000))])
     assert lifecycle(r) == [0, 10, 10, 10, 10, 10, 11, 15]
     req = r.requests.iloc[0]
-    assert req.ttft_ms == 11 and req.output_length == 5 and req.itl_ms == 1
+    assert req.ttft_ms == 11 and req.output_length == 5 and req.tpot_ms == 1
     assert (req.prefill_worker_idx, req.decode_worker_idx) == (0, 0)
     passes = r.passes
     assert list(passes.role) == ["prefill"] + ["decode"] * 5

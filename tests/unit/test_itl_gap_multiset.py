@@ -197,7 +197,7 @@ def test_summarize_takes_the_multiset_or_the_array():
             "first_admission_reused_input_tokens": [0],
             "ttft_ms": [1.0],
             "ttst_ms": [1.0],
-            "itl_ms": [1.0],
+            "tpot_ms": [1.0],
             "e2e_latency_ms": [10.0],
         }
     )

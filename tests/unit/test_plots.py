@@ -439,7 +439,7 @@ def test_latency_comparison_one_line_per_run_in_each_panel(pd_result, agg_result
         "TPOT per request",
         "Inter-token gaps (tail)",
     ]
-    for ax, column in ((ttft_ax, "ttft_ms"), (tpot_ax, "itl_ms")):
+    for ax, column in ((ttft_ax, "ttft_ms"), (tpot_ax, "tpot_ms")):
         lines = ax.get_lines()
         assert [line.get_label().split(":")[0] for line in lines] == list(runs)
         for line, result in zip(lines, runs.values(), strict=True):

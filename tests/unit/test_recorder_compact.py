@@ -22,9 +22,11 @@ import pytest
 
 import servesim.sim as sim
 from servesim import simulate
-from servesim.metrics.recorder import COMPLETED, Appended, Columns, Recorder
+from servesim.metrics.columns import Appended, Columns
+from servesim.metrics.recorder import COMPLETED, Recorder
+from servesim.metrics.records import REQUEST_DTYPES
 from servesim.metrics.summary import without_wall
-from servesim.metrics.tables import REQUEST_DTYPES, kv_table, passes_table, requests_table
+from servesim.metrics.tables import kv_table, passes_table, requests_table
 from servesim.workload.request import Request
 
 FIXED = {"kind": "fixed", "prefill_ms": 10.0, "decode_ms": 1.0}
@@ -40,7 +42,7 @@ OLD_REQUEST_COLUMNS = (
     "terminal_ms",
     "ttft_ms",
     "ttst_ms",
-    "itl_ms",
+    "tpot_ms",
     "e2e_latency_ms",
     "input_length",
     "requested_output_length",

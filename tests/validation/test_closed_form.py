@@ -66,7 +66,7 @@ def test_fixed_timing_lone_request(config, trace):
     )
     req = simulate(cfg).requests.iloc[0]
     assert req.ttft_ms == 12.5 and req.e2e_latency_ms == 12.5 + 6 * 3.0
-    assert req.itl_ms == 3.0 and req.ttst_ms == 3.0
+    assert req.tpot_ms == 3.0 and req.ttst_ms == 3.0
 
 
 def test_md1_queue_matches_pollaczek_khinchine(config, tmp_path):

@@ -61,7 +61,7 @@ def itl_distribution(
     (`kind="cdf"`) or histograms (`kind="hist"`), with p50 and p90 (the summary's nearest-rank
     percentiles) in the legend.
 
-    TPOT of a request is (last - first token) / (tokens - 1), the `itl_ms` column. With a
+    TPOT of a request is (last - first token) / (tokens - 1), the `tpot_ms` column. With a
     `Result` that kept token times (`output.per_token`), every inter-token gap of the completed
     requests is drawn too: the pooled ITL, whose tail shows decode steps stretched by prefill
     chunks.
@@ -71,7 +71,7 @@ def itl_distribution(
     ax = axes_or_new(ax, (7, 4))
     done = completed(source_table(source, "requests"))
     series = {
-        "TPOT per request": done["itl_ms"].dropna().to_numpy(dtype=float),
+        "TPOT per request": done["tpot_ms"].dropna().to_numpy(dtype=float),
         "TTFT": done["ttft_ms"].dropna().to_numpy(dtype=float),
     }
     token_times = {} if isinstance(source, pd.DataFrame) else source.token_times
@@ -125,7 +125,7 @@ def latency_comparison(
     longest gap.
     `log_x` puts TTFT and the gaps on log axes (TPOT stays linear).
 
-    TPOT (the `itl_ms` column) is one value per request, (last - first token) / (tokens - 1):
+    TPOT (the `tpot_ms` column) is one value per request, (last - first token) / (tokens - 1):
     it shows how fast decoding went on average. The pooled gaps show the individual stalls that
     an average hides, such as a decode step stretched by a prefill chunk in the same pass.
     """
@@ -137,7 +137,7 @@ def latency_comparison(
     fig, axes = plt.subplots(
         1, 3 if with_gaps else 2, figsize=(15 if with_gaps else 11, 4), layout="constrained"
     )
-    panels = [("ttft_ms", "TTFT"), ("itl_ms", "TPOT per request")]
+    panels = [("ttft_ms", "TTFT"), ("tpot_ms", "TPOT per request")]
     for ax, (column, title) in zip(axes, panels, strict=False):
         for i, (name, result) in enumerate(results.items()):
             x = np.sort(completed(result.requests)[column].dropna().to_numpy(dtype=float))
