@@ -15,6 +15,7 @@ from servesim.config.plan import Plan
 from servesim.config.schema import RunConfig, VllmEngineConfig
 from servesim.engine.registry import scheduler_class
 from servesim.engine.worker import Worker
+from servesim.kv.events import KvEventBus
 from servesim.metrics.recorder import COMPLETED, REJECTED, Recorder
 from servesim.router import KvRouter, Router
 from servesim.speed.fast_worker import FastWorker
@@ -46,7 +47,12 @@ class ClusterBase:
         self.next_arrival_ms = math.inf
         self.stop_ms = cfg.stop.max_virtual_time_ms or math.inf
         self.workers: list[Worker] = []
-        self.tiers = TierBuilder(env, plan, recorder)
+        # every KV pool's stored / removed events: the recorder keeps them as a table, KV
+        # routers' prefix indexes subscribe as they are attached
+        self.kv_bus = KvEventBus()
+        if recorder.keep_kv_events:
+            self.kv_bus.subscribe(recorder.kv_event_batch)
+        self.tiers = TierBuilder(env, plan, recorder, self.kv_bus)
         self.routers: list[Router] = []
         # KV routers with a pending queue: they apply a pass end's signals in the pass's
         # running order, so each admission to their workers is told to them
@@ -111,9 +117,9 @@ class ClusterBase:
             args = (self.env, k, scheds, step_time, self.recorder, on_complete, self._rejected)
             n, worker_name, order = total_workers(self.cfg), f"cluster.{name}{k}", first + k
             worker = (
-                FastWorker(*args, n, worker_name, role, order, horizon or self.horizon)
+                FastWorker(*args, n, worker_name, role, order, self.kv_bus, horizon or self.horizon)
                 if fast
-                else Worker(*args, n, worker_name, role, order)
+                else Worker(*args, n, worker_name, role, order, self.kv_bus)
             )
             if self.tiers.enabled:
                 for rank in worker.ranks:
@@ -142,7 +148,7 @@ class ClusterBase:
                     index.bind_tiers(
                         target, tiers.g2.name, tiers.g3.name if tiers.g3 is not None else None
                     )
-        self.recorder.kv_listeners.append(index.on_events)
+        self.kv_bus.subscribe(index.hear)
 
     def horizon(self) -> float:
         """The earliest time a request could next reach any worker."""

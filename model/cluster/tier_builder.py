@@ -11,6 +11,7 @@ import simpy
 from servesim.config.plan import Plan
 from servesim.config.schema import VllmEngineConfig
 from servesim.engine.worker import Rank, Worker
+from servesim.kv.events import KvEventBus
 from servesim.kv.link import Link
 from servesim.kv.tier_pool import TierPool
 from servesim.kv.tiers import DISK, HOST, RankTiers
@@ -52,11 +53,14 @@ class TierBuilder:
     """Builds the tiers of every rank of a cluster from `kv_cache`, sharing pools and links as
     the scopes say."""
 
-    def __init__(self, env: simpy.Environment, plan: Plan, recorder: Recorder) -> None:
+    def __init__(
+        self, env: simpy.Environment, plan: Plan, recorder: Recorder, kv_bus: KvEventBus
+    ) -> None:
         self.env = env
         self.plan = plan
         cfg = plan.cfg
         self.recorder = recorder
+        self.kv_bus = kv_bus if plan.kv_events else None  # (pools publish only if heard)
         self.host = cfg.kv_cache.host_offload
         self.disk = cfg.kv_cache.disk
         self.pools: list[TierPool] = []
@@ -69,9 +73,7 @@ class TierBuilder:
         return self.host.num_host_blocks is not None
 
     def _pool(self, name: str, tier: str, n: int, worker: int, rank: int, order: int) -> TierPool:
-        pool = TierPool(
-            self.env, name, tier, n, self.recorder, self.plan.kv_events, worker, rank, order
-        )
+        pool = TierPool(self.env, name, tier, n, self.recorder, self.kv_bus, worker, rank, order)
         self.pools.append(pool)
         return pool
 

@@ -27,6 +27,7 @@ import simpy
 from servesim.clock import PASS_END, PASS_START, PREFILL_NEXT_PASS, TRANSFER_END, at_time, fire
 from servesim.engine.batch import Batch
 from servesim.engine.scheduler import Scheduler
+from servesim.kv.events import KvEventBus
 from servesim.kv.pool_base import Pool
 from servesim.metrics.recorder import Recorder
 from servesim.timing.base import StepTime, whole_ns
@@ -103,8 +104,11 @@ class Worker:
         name: str | None = None,
         role: str = "aggregated",
         order: int | None = None,
+        kv_bus: KvEventBus | None = None,
     ) -> None:
         self.env = env
+        # where its pools' KV events are published (a bus of its own, unheard, if none)
+        self.kv_bus = kv_bus if kv_bus is not None else KvEventBus()
         self.idx = idx
         self.name = name or f"cluster.w{idx}"
         multi = len(schedulers) > 1
@@ -200,7 +204,7 @@ class Worker:
         for rank in self.ranks:
             pool = rank.pool
             if pool.pending_events:
-                self.recorder.kv_event_batch(
+                self.kv_bus.publish(
                     now, rank.name, self.idx, rank.dp_rank, pool.take_events(), "device", self.order
                 )
             self._sample_kv(rank, now)
@@ -359,7 +363,7 @@ class Worker:
             )
             pool = rank.pool
             if pool.pending_events:
-                self.recorder.kv_event_batch(
+                self.kv_bus.publish(
                     end, rank.name, self.idx, rank.dp_rank, pool.take_events(), "device", self.order
                 )
             self._sample_kv(rank, end)

@@ -12,6 +12,7 @@ from typing import Protocol
 
 import simpy
 
+from servesim.kv.events import KvEventBus
 from servesim.kv.pool_base import REMOVED, STORED, count_in, count_out, evict_oldest
 from servesim.metrics.recorder import Recorder
 
@@ -34,7 +35,7 @@ class TierPool:
         tier: str,
         capacity_blocks: int,
         recorder: Recorder,
-        record_events: bool,
+        kv_bus: KvEventBus | None,
         worker: int = -1,
         dp_rank: int = 0,
         order: int = 0,
@@ -44,7 +45,7 @@ class TierPool:
         self.tier = tier
         self.capacity_blocks = capacity_blocks
         self.recorder = recorder
-        self.record_events = record_events
+        self.kv_bus = kv_bus  # where its stored / removed events go (None: nowhere)
         self.worker = worker
         self.dp_rank = dp_rank
         self.order = order
@@ -168,9 +169,15 @@ class TierPool:
         self._sample()
 
     def _event(self, kind: str, h: int) -> None:
-        if self.record_events:
-            self.recorder.kv_event(
-                self.env.now, self.name, self.worker, self.dp_rank, kind, self.tier, h, self.order
+        if self.kv_bus is not None:
+            self.kv_bus.publish(
+                self.env.now,
+                self.name,
+                self.worker,
+                self.dp_rank,
+                [(kind, h)],
+                self.tier,
+                self.order,
             )
 
     def _sample(self) -> None:

@@ -11,7 +11,6 @@ row's fields are defined in `servesim.metrics.records`, passes are kept by
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -96,15 +95,11 @@ class Recorder:
         self, per_token: bool = False, keep_kv_events: bool = True, pass_table: bool = True
     ) -> None:
         self.per_token = per_token
-        # KV events go to the table only when asked for; listeners (a KV router's prefix
-        # index) hear every one: (t_ms, pool, kind, block_hash)
+        # KV events (heard from the cluster's KV event bus) go to the table only when asked for
         self.keep_kv_events = keep_kv_events
         # without the passes table, passes are only counted
         self.pass_table = pass_table
         self._n_unkept_passes = 0  # passes not kept in `passes`
-        # listeners take (t_ms, pool, [(kind, block_hash), ...]): the events of one pool at
-        # one instant, in order
-        self.kv_listeners: list[Callable[[float, str, list[tuple[str, int]]], None]] = []
         self.routing: list[tuple] = []
         self.requests = Columns(REQUEST_FIELDS)
         self.passes = PassLog()
@@ -119,12 +114,6 @@ class Recorder:
         self.last_event_ms = 0.0  # the latest pass end or request end recorded
         self._n_kv_events = 0
         self._tables_built: set[str] = set()  # whose rows forget_rows lets go of
-
-    def __getstate__(self) -> dict[str, Any]:
-        # (listeners belong to the run that made them)
-        state = dict(self.__dict__)
-        state["kv_listeners"] = []
-        return state
 
     def absorb(self, other: Recorder) -> None:
         """Append the rows `other` recorded after this recorder's: the recorder of another
@@ -295,20 +284,6 @@ class Recorder:
             (request_id, link, kind, src, dst, submit_ms, start_ms, end_ms, n_bytes, n_tokens)
         )
 
-    def kv_event(
-        self,
-        t_ms: float,
-        pool: str,
-        worker: int,
-        dp_rank: int,
-        kind: str,
-        tier: str,
-        block_hash: int,
-        worker_order: int,
-    ) -> None:
-        """A block `stored` in or `removed` from `pool` (a rank's name, e.g. cluster.d0)."""
-        self.kv_event_batch(t_ms, pool, worker, dp_rank, [(kind, block_hash)], tier, worker_order)
-
     def kv_event_batch(
         self,
         t_ms: float,
@@ -319,9 +294,9 @@ class Recorder:
         tier: str,
         worker_order: int,
     ) -> None:
-        """`kv_event` for several events of one pool at one instant, in order."""
-        for listener in self.kv_listeners:
-            listener(t_ms, pool, events)
+        """Blocks `stored` in or `removed` from `pool` (a rank's name, e.g. cluster.d0, or a
+        tier pool's) at one instant, in order: rows of the kv_events table (the recorder
+        listens on the cluster's KV event bus when the table is kept)."""
         if not self.keep_kv_events:
             return
         first = self._n_kv_events

@@ -147,6 +147,19 @@ class PrefixIndex:
         ignored)."""
         self.on_events(t_ms, pool, [(kind, block_hash)])
 
+    def hear(
+        self,
+        t_ms: float,
+        pool: str,
+        worker: int,
+        dp_rank: int,
+        events: list[tuple[str, int]],
+        tier: str,
+        worker_order: int,
+    ) -> None:
+        """The index as a listener on the cluster's KV event bus (servesim.kv.events)."""
+        self.on_events(t_ms, pool, events)
+
     def on_events(self, t_ms: float, pool: str, events: list[tuple[str, int]]) -> None:
         """`on_event` for events of one pool at one instant, in order."""
         target = self.device_pool.get(pool)

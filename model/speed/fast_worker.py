@@ -26,6 +26,7 @@ from servesim.clock import PASS_START, PREFILL_NEXT_PASS, at_time
 from servesim.engine.scheduler import Scheduler
 from servesim.engine.vllm import VllmScheduler
 from servesim.engine.worker import Worker
+from servesim.kv.events import KvEventBus
 from servesim.metrics.recorder import Recorder
 from servesim.speed.stretch import Stretch, decode_stretch, stretches_apply
 from servesim.timing.base import StepTime, whole_ns_array
@@ -53,11 +54,12 @@ class FastWorker(Worker):
         name: str | None = None,
         role: str = "aggregated",
         order: int | None = None,
+        kv_bus: KvEventBus | None = None,
         horizon: Callable[[], float] | None = None,
     ) -> None:
         super().__init__(
             env, idx, schedulers, step_time, recorder, on_complete, on_reject,
-            num_workers, name, role, order,
+            num_workers, name, role, order, kv_bus,
         )  # fmt: skip
         self.horizon = horizon if horizon is not None else env.peek
         first = self.ranks[0].scheduler
@@ -238,6 +240,6 @@ class FastWorker(Worker):
             # each pass's events together, at its end
             events = zip(stretch.event_passes, rank.pool.take_events(), strict=True)
             for i, of_pass in groupby(events, itemgetter(0)):
-                self.recorder.kv_event_batch(
+                self.kv_bus.publish(
                     ends[i], rank.name, self.idx, 0, [e for _, e in of_pass], "device", self.order
                 )

@@ -310,7 +310,7 @@ class _Levels:
 def test_a_touch_repeated_after_other_blocks_moved_moves_them_again():
     """Touching a prompt puts its blocks at the recent end, its first block the most recent;
     touching it again is a no-op only while no other block moved in between."""
-    pool = TierPool(simpy.Environment(), "g2", "host", 8, _Levels(), False)  # type: ignore[arg-type]
+    pool = TierPool(simpy.Environment(), "g2", "host", 8, _Levels(), None)  # type: ignore[arg-type]
     prompt = [1, 2, 3]
     for keys in ([1, 2, 3], [4], [5]):
         assert pool.reserve(keys) == keys
@@ -333,7 +333,7 @@ class _StubTiers:
     in G2 after its G1 hit, and a store's landing is named after the block it reads."""
 
     def __init__(self) -> None:
-        self.g2 = TierPool(simpy.Environment(), "g2", "host", 8, _Levels(), False)  # type: ignore[arg-type]
+        self.g2 = TierPool(simpy.Environment(), "g2", "host", 8, _Levels(), None)  # type: ignore[arg-type]
         self.g3 = None
         self.loads: list[tuple[str, list[str]]] = []
 
