@@ -73,7 +73,7 @@ def _build(state: str, base: Path, cache: Path) -> None:
         cmd = [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
                "from model.native import main; sys.exit(main(['build']))", str(base)]  # fmt: skip
     else:
-        cmd = [sys.executable, "-m", "servesim.native", "build"]
+        cmd = [sys.executable, "-m", "servesim.speed.native", "build"]
     subprocess.run(cmd, check=True, env=env, cwd=base if state == "base" else None)
 
 

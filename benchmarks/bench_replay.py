@@ -66,7 +66,7 @@ peak RSS, and the growth exponent of time between successive sizes (1.0 = linear
 `--profile` also runs servesim once more under cProfile on each of `--profile-cases` (default:
 the first selected case) and reports the functions with the largest own time (tottime) per case;
 a profile is always of the source (`SERVESIM_NATIVE=0`). Timed runs use servesim's native build
-when `SERVESIM_NATIVE=1` asks for it (model/native.py); the header names it, or says source.
+when `SERVESIM_NATIVE=1` asks for it (model/speed/native.py); the header names it, or says source.
 
     .venv/bin/python benchmarks/bench_replay.py                         # the four real-trace cases
     .venv/bin/python benchmarks/bench_replay.py --cases conv4 --repeat 5

@@ -62,8 +62,8 @@ def revision(env_info: dict[str, Any]) -> str:
 
 
 def _native_build(python: str) -> str | None:
-    """The native build (model/native.py) the servesim interpreter uses, if any."""
-    code = "import servesim, servesim.native as n; print(n.ACTIVE or '')"
+    """The native build (model/speed/native.py) the servesim interpreter uses, if any."""
+    code = "import servesim, servesim.speed.native as n; print(n.ACTIVE or '')"
     try:
         out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True)
     except (OSError, subprocess.CalledProcessError):

@@ -6,7 +6,7 @@
 
 Importing servesim changes nothing outside it and loads the model only when a name below is
 first used. The native build (servesim/native.py) is used only when asked for:
-SERVESIM_NATIVE=1, or `servesim.native.activate()` before the first use.
+SERVESIM_NATIVE=1, or `servesim.speed.native.activate()` before the first use.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from servesim import native
+from servesim.speed import native
 
 native.activate_if_asked()
 

@@ -45,10 +45,11 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from servesim import native, rundir
+from servesim import rundir
 from servesim.config.compose import composition_message, to_data
 from servesim.config.load import ConfigError, validate_config
 from servesim.sim import Result, simulate
+from servesim.speed import native
 from servesim.workload.errors import TraceError
 
 EXIT_OK = 0

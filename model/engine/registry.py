@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from servesim import native
 from servesim.config.errors import ConfigError
 from servesim.engine.scheduler import Scheduler
 from servesim.engine.vllm import VllmScheduler
+from servesim.speed import native
 from servesim.speed.stretch import replaced_methods
 
 SchedulerClass = Callable[..., Scheduler]

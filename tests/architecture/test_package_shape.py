@@ -190,7 +190,7 @@ def test_importing_servesim_loads_nothing_but_itself():
         "import servesim;"
         "new = sorted(m for m in set(sys.modules) - before if m.split('.')[0] in "
         "('servesim', 'hydra', 'omegaconf', 'simpy', 'pandas', 'numpy', 'pydantic'));"
-        "assert new == ['servesim', 'servesim.native'], new;"
+        "assert new == ['servesim', 'servesim.speed', 'servesim.speed.native'], new;"
         "assert sys.meta_path == meta"
     )
     env = {k: v for k, v in __import__("os").environ.items() if k != "SERVESIM_NATIVE"}

@@ -1,7 +1,7 @@
-"""The native build against the source (model/native.py): the same answers, table by table.
+"""The native build against the source (model/speed/native.py): the same answers, table by table.
 
-The modules `servesim.native.MODULES` compiled by mypyc must replay exactly as their source does.
-This builds them (once per state of the sources: the build is cached) and replays every
+The modules `servesim.speed.native.MODULES` compiled by mypyc must replay exactly as their
+source does. This builds them (once per state of the sources: the build is cached) and replays every
 scenario of the fast-forward equivalence suite (tests/speed/test_fast_forward_equivalence.py)
 in two fresh interpreters, one running the source (`SERVESIM_NATIVE=0`) and one the build (`=1`),
 each in its fast-forward mode and, for a few, stepping too; then compares, per scenario, every
@@ -30,8 +30,8 @@ from test_fast_forward_equivalence import (
     value_differences,
 )
 
-from servesim import native
 from servesim.metrics.summary import without_wall
+from servesim.speed import native
 
 TESTS = Path(__file__).resolve().parents[1]
 # scenarios also replayed stepping every pass (engine.fast_forward=false)
@@ -43,7 +43,8 @@ CHILD = textwrap.dedent(
     from pathlib import Path
     sys.path[:0] = [{tests!r}, {speed!r}]
     import servesim
-    from servesim import native, simulate
+    from servesim import simulate
+    from servesim.speed import native
     from conftest import make_config, write_jsonl
     from _pytest.outcomes import Skipped
     import test_fast_forward_equivalence as ff
@@ -180,7 +181,7 @@ def test_a_build_in_the_cache_is_not_used_unless_asked(tmp_path, monkeypatch):
     where.mkdir()
     (where / native.MANIFEST).write_text('{"files": {"servesim.clock": "nowhere.so"}}')
     monkeypatch.delenv("SERVESIM_NATIVE", raising=False)
-    code = "import servesim, servesim.clock, servesim.native as n; print(n.ACTIVE)"
+    code = "import servesim, servesim.clock, servesim.speed.native as n; print(n.ACTIVE)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "None"

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from servesim import native
 from servesim.kv.block_pool import BlockPool
+from servesim.speed import native
 from servesim.workload.request import Request
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "profile_parts.py"

@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 from conftest import TINY_ROWS, run_servesim, write_jsonl
 
-from servesim import native
 from servesim.cli import format_summary
+from servesim.speed import native
 
 
 def servesim(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

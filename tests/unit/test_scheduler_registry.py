@@ -11,10 +11,10 @@ from collections import deque
 import pytest
 
 from servesim import ConfigError, simulate
-from servesim import native as native_build
 from servesim.engine import vllm
 from servesim.engine.registry import SCHEDULERS, register_scheduler
 from servesim.engine.vllm import VllmScheduler
+from servesim.speed import native as native_build
 from servesim.workload.request import Request, Status
 
 

@@ -31,7 +31,7 @@ from types import ModuleType
 
 # (what only `build` and the command use is imported there: `import servesim` runs this module)
 
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # the package root (this is speed/native.py)
 
 # what a replay spends its time in (docs/performance.md); a class compiled here can only be
 # subclassed by another compiled class, so ClusterBase's subclasses come with it
