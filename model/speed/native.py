@@ -338,7 +338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"servesim-native: no build of the current sources in {cache_root()} (the source runs)"
         )
     else:
-        state = "in use" if ACTIVE else "not in use: SERVESIM_NATIVE=1 uses it"
+        state = "in use" if current.name == ACTIVE else "not in use: SERVESIM_NATIVE=1 uses it"
         print(f"servesim-native: build {current.name} in {current.parent} ({state})")
     return 0
 
