@@ -32,14 +32,6 @@ class Plan:
     block_size: int  # tokens per KV block (every role's: the rules check they agree)
     kv_events: bool  # whether KV pools publish stored/removed events
 
-    @property
-    def roles(self) -> tuple[str, ...]:
-        return tuple(self.engines)
-
-    @property
-    def disaggregated(self) -> bool:
-        return isinstance(self.cfg.topology, DisaggTopology)
-
     def pool_sizes(self) -> dict[str, int]:
         """Workers and GPUs per worker (TP x DP) of each pool; aggregated workers are the
         decode pool, as in Dynamo's summary."""
