@@ -16,6 +16,7 @@ from typing import Any
 
 from servesim import RunConfig
 from servesim.config import num_gpu_blocks
+from servesim.config.cluster import SGLANG_KEYS
 from servesim.config.derived import (
     cache_layout,
     kv_bytes_per_token,
@@ -26,13 +27,13 @@ from servesim.config.schema import (
     AgenticMooncakeWorkload,
     ConcurrencyLoad,
     DisaggTopology,
+    EngineConfig,
     FixedTiming,
     KvRouter,
     MooncakeWorkload,
     PolynomialTiming,
     RoundRobinRouter,
     TraceLoad,
-    VllmEngineConfig,
 )
 
 RUNNER = Path(__file__).resolve().with_name("_mocker_runner.py")
@@ -61,7 +62,7 @@ def _timing_model(cfg: RunConfig, problems: list[str]) -> dict[str, Any]:
 
 
 def _engine_args(
-    cfg: RunConfig, engine: VllmEngineConfig, timing_model: dict[str, Any]
+    cfg: RunConfig, engine: EngineConfig, timing_model: dict[str, Any]
 ) -> dict[str, Any]:
     """The mocker's `engine` block for one servesim engine (a role's, in P/D), with the KV
     tiers when they are on: `native_host_offload` (and `g3_offload`) take servesim's
@@ -88,10 +89,10 @@ def _tier_args(cfg: RunConfig) -> dict[str, Any]:
 
 
 def _base_engine_args(
-    cfg: RunConfig, engine: VllmEngineConfig, timing_model: dict[str, Any]
+    cfg: RunConfig, engine: EngineConfig, timing_model: dict[str, Any]
 ) -> dict[str, Any]:
-    return {
-        "backend": "vllm",
+    out: dict[str, Any] = {
+        "backend": engine.kind,
         "num_gpu_blocks": num_gpu_blocks(cfg, engine),
         "block_size": engine.block_size,
         "max_num_seqs": engine.max_num_seqs,
@@ -104,6 +105,29 @@ def _base_engine_args(
         "preemption_mode": engine.preemption_mode,
         "timing_model": timing_model,
     }
+    return {**out, **_engine_only_args(engine)}
+
+
+def _engine_only_args(engine: EngineConfig) -> dict[str, Any]:
+    """The mocker's keys of one backend (its `sglang` / `trtllm` blocks) and speculation."""
+    out: dict[str, Any] = {}
+    if engine.kind == "sglang":
+        out["sglang"] = {
+            k: getattr(engine, k)
+            for k in SGLANG_KEYS
+            if k != "prefill_decode_interval" and getattr(engine, k) is not None
+        }
+        if engine.prefill_decode_interval is not None:
+            out["prefill_decode_interval"] = engine.prefill_decode_interval
+    if engine.kind == "trtllm" and engine.capacity_scheduler_policy is not None:
+        out["trtllm"] = {"capacity_scheduler_policy": engine.capacity_scheduler_policy}
+    spec = engine.speculative
+    if spec.num_speculative_tokens is not None:
+        out["aic_nextn"] = spec.num_speculative_tokens
+        if spec.acceptance_rates is not None:
+            out["aic_nextn_accept_rates"] = ",".join(repr(r) for r in spec.acceptance_rates)
+        out["aic_mtp_seed"] = spec.seed
+    return out
 
 
 def _disagg_args(
@@ -221,6 +245,10 @@ def mocker_kwargs(cfg: RunConfig) -> dict[str, Any]:
     `decode_engine_args` from servesim's per-role engines (no `extra_engine_args`)."""
     problems: list[str] = []
     timing_model = _timing_model(cfg, problems)
+    if cfg.engine.kind not in ("vllm", "sglang", "trtllm"):
+        problems.append(
+            f"engine.kind={cfg.engine.kind}: the mocker's backends are vllm, sglang, trtllm"
+        )
     kwargs: dict[str, Any] = {}
     if isinstance(cfg.topology, DisaggTopology):
         kwargs |= _disagg_args(cfg, timing_model, problems)

@@ -12,7 +12,7 @@ import simpy
 
 from servesim.cluster.tier_builder import TierBuilder
 from servesim.config.plan import Plan
-from servesim.config.schema import RunConfig, VllmEngineConfig
+from servesim.config.schema import EngineConfig, RunConfig
 from servesim.engine.registry import scheduler_class
 from servesim.engine.worker import Worker
 from servesim.kv.events import KvEventBus
@@ -72,7 +72,7 @@ class ClusterBase:
         hand-over is an event like any other)."""
         return self.sessions_dispatch or self.frontend_ms > 0
 
-    def group_blocks(self, engine: VllmEngineConfig) -> int:
+    def group_blocks(self, engine: EngineConfig) -> int:
         """Engine blocks per trace block when they tile it (prompt ids packed by trace block,
         kept by group in the pool), else 1. A pool that KV tiers copy out of is kept per block
         (copies pin blocks by key)."""
@@ -84,7 +84,7 @@ class ClusterBase:
     def build_pool(
         self,
         role: str,
-        engine: VllmEngineConfig,
+        engine: EngineConfig,
         n_workers: int,
         n_blocks: int,
         step_time: StepTime,

@@ -9,7 +9,7 @@ import math
 import simpy
 
 from servesim.config.plan import Plan
-from servesim.config.schema import VllmEngineConfig
+from servesim.config.schema import EngineConfig
 from servesim.engine.worker import Rank, Worker
 from servesim.kv.events import KvEventBus
 from servesim.kv.link import Link
@@ -77,7 +77,7 @@ class TierBuilder:
         self.pools.append(pool)
         return pool
 
-    def for_rank(self, worker: Worker, rank: Rank, engine: VllmEngineConfig) -> RankTiers:
+    def for_rank(self, worker: Worker, rank: Rank, engine: EngineConfig) -> RankTiers:
         env, rec, host, disk = self.env, self.recorder, self.host, self.disk
         assert host.num_host_blocks is not None
         if host.scope == "cluster_shared":

@@ -12,15 +12,51 @@ from servesim.config.base import NonNegFloat, PositiveFloat, Schema
 # --------------------------------------------------------------------------- engine
 
 
-class VllmEngineConfig(Schema):
-    """vLLM v1-style continuous batching (the Dynamo mocker's `vllm` backend)."""
+Rate = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+
+
+class SpeculativeConfig(Schema):
+    """Speculative decoding / multi-token prediction (MTP), as burst sampling: each decode step
+    a request emits 1 + its leading accepted drafts (the mocker's `aic_nextn`)."""
+
+    num_speculative_tokens: int | None = Field(
+        None, ge=1, le=5, description="k draft tokens per decode step (1..5); null = off"
+    )
+    acceptance_rates: list[Rate] | None = Field(
+        None,
+        description="conditional acceptance rate of draft i given drafts 1..i-1 were accepted; "
+        "padded with 0 or cut to k; null = the mocker's 0.85, 0.3, 0, 0, 0",
+    )
+    seed: int = Field(
+        42, ge=0, description="acceptance draws; each rank seeds with seed + its scheduler id"
+    )
+
+
+# The engine kinds servesim ships, and the engine keys only one of them reads (rules.py
+# refuses them, by config path, under any other engine).
+SGLANG_KEYS = (
+    "schedule_policy",
+    "max_prefill_tokens",
+    "chunked_prefill_size",
+    "clip_max_new_tokens",
+    "schedule_conservativeness",
+    "prefill_decode_interval",
+)
+TRTLLM_KEYS = ("capacity_scheduler_policy",)
+
+
+class EngineConfig(Schema):
+    """One engine: the scheduler policy `kind` (vllm, sglang, trtllm, or a registered plug-in)
+    and its limits. Keys of one engine only (SGLANG_KEYS, TRTLLM_KEYS) stay null elsewhere."""
 
     kind: str = Field(
         "vllm",
         description="the scheduler policy, by its name in the registry "
-        "(servesim.engine.registry); vllm is the shipped one",
+        "(servesim.engine.registry): vllm, sglang, trtllm or a plug-in",
     )
-    block_size: int = Field(64, ge=2)
+    block_size: int = Field(
+        64, ge=1, description="tokens per KV block (SGLang: its page size); vllm/trtllm: >= 2"
+    )
     num_gpu_blocks: int | None = Field(
         None,
         gt=0,
@@ -39,16 +75,37 @@ class VllmEngineConfig(Schema):
         "scheduler and num_gpu_blocks KV pool, run in lock-step",
     )
     max_num_seqs: int = Field(256, gt=0)
-    max_num_batched_tokens: int = Field(8192, gt=0)
+    max_num_batched_tokens: int = Field(8192, gt=0, description="vllm/trtllm pass token budget")
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     max_model_len: int | None = Field(None, gt=0)
     speedup_ratio: NonNegFloat = 1.0
     decode_speedup_ratio: NonNegFloat = 1.0
-    preemption_mode: Literal["lifo", "fifo"] = "lifo"
-
-
-EngineConfig = VllmEngineConfig
+    preemption_mode: Literal["lifo", "fifo"] = Field("lifo", description="vllm's victim order")
+    speculative: SpeculativeConfig = Field(default_factory=SpeculativeConfig)
+    # ---- SGLang only (conf/engine/sglang.yaml)
+    schedule_policy: Literal["fifo", "lpm"] | None = Field(
+        None, description="sglang: waiting order, fifo or lpm (longest cached prefix first)"
+    )
+    max_prefill_tokens: int | None = Field(
+        None, gt=0, description="sglang: prompt tokens one prefill pass may take"
+    )
+    chunked_prefill_size: int | None = Field(
+        None, gt=0, description="sglang: the largest chunk of one prompt (a multiple of pages)"
+    )
+    clip_max_new_tokens: int | None = Field(
+        None, gt=0, description="sglang: the most future output reserved per running request"
+    )
+    schedule_conservativeness: NonNegFloat | None = Field(
+        None, description="sglang: scales the output reserve (new_token_ratio = 0.7 x this)"
+    )
+    prefill_decode_interval: int | None = Field(
+        None, ge=0, description="sglang: decode-only passes after each prefill pass (0 = none)"
+    )
+    # ---- TRT-LLM only (conf/engine/trtllm.yaml)
+    capacity_scheduler_policy: Literal["guaranteed_no_evict"] | None = Field(
+        None, description="trtllm: admit only what fits to completion; never preempt"
+    )
 
 
 # --------------------------------------------------------------------------- topology / router
@@ -69,12 +126,13 @@ def _optional_copy(model: type[Schema], name: str) -> type[Schema]:
             continue
         g = copy.copy(f)
         g.default = None
+        g.default_factory = None
         fields[field_name] = (f.annotation | None, g)  # type: ignore[operator]
     return create_model(name, __base__=Schema, **fields)
 
 
 # Engine settings one role overrides; what it leaves unset (null) comes from `engine`.
-EngineOverrides = _optional_copy(VllmEngineConfig, "EngineOverrides")
+EngineOverrides = _optional_copy(EngineConfig, "EngineOverrides")
 
 
 class DisaggTopology(Schema):

@@ -28,6 +28,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from servesim.config.load import ConfigError, schema_knows, validate_config
+from servesim.config.rules import ENGINE_ONLY_KEYS
 from servesim.config.schema import RunConfig
 
 CONFIG_MODULE = "servesim.conf"
@@ -71,19 +72,27 @@ def compose(overrides: Sequence[str] = ()) -> RunConfig:
     return validate_config(compose_data(overrides))
 
 
-def _schema_knows(node: Any, full_key: str) -> bool:
-    """Whether the schema has `full_key`, given the composed config that `node` is part of."""
+def _composed(node: Any) -> dict[str, Any]:
+    """The composed config that `node` is part of, as a plain mapping ({} if unreadable)."""
     root = node
     while getattr(root, "_get_parent", None) is not None and root._get_parent() is not None:
         root = root._get_parent()
     try:
         data = OmegaConf.to_container(root, resolve=False)
     except OmegaConfBaseException:
-        return False
+        return {}
     if not isinstance(data, dict):
-        return False
+        return {}
     data.pop("hydra", None)
-    return schema_knows({str(k): v for k, v in data.items()}, full_key)
+    return {str(k): v for k, v in data.items()}
+
+
+def _engine_owner(full_key: str) -> str:
+    """The engine kind whose own key `full_key` is (engine.K, topology.ROLE.K), else ""."""
+    head, _, key = full_key.rpartition(".")
+    if head not in ("engine", "topology.prefill", "topology.decode"):
+        return ""
+    return next((kind for kind, keys in ENGINE_ONLY_KEYS.items() if key in keys), "")
 
 
 def _suggest(word: str, options: Sequence[str], prefix: str = "") -> str:
@@ -111,7 +120,14 @@ def composition_message(e: HydraException) -> str:
         siblings = [str(k) for k in parent if k != "hydra"] if parent is not None else []
         key = str(getattr(cause, "key", full_key.rpartition(".")[2]))
         stem = full_key[: len(full_key) - len(key)]
-        if _schema_knows(parent, full_key):  # a key the chosen option files leave out
+        composed = _composed(parent)
+        owner = _engine_owner(full_key)
+        if owner and (composed.get("engine") or {}).get("kind") != owner:
+            return (
+                f"{full_key}: a key of engine={owner} only, which the chosen engine option "
+                f"does not read (choose engine={owner})"
+            )
+        if schema_knows(composed, full_key):  # a key the chosen option files leave out
             plus = re.search(r"use (\+\S+)", str(e))
             return (
                 f"{full_key} is a config key the chosen option files do not set: add it "

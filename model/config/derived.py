@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from servesim.config.cluster import VllmEngineConfig
+from servesim.config.cluster import EngineConfig
 from servesim.config.errors import ConfigError
 from servesim.config.hardware import LlmConfig
 from servesim.config.sections import Sections
@@ -63,7 +63,7 @@ def weight_bytes_read(llm: LlmConfig, tokens: float) -> float:
 
 
 def derived_num_gpu_blocks(
-    cfg: Sections, engine: VllmEngineConfig | None = None, where: str = "engine"
+    cfg: Sections, engine: EngineConfig | None = None, where: str = "engine"
 ) -> int:
     """KV blocks that fit on one worker rank: its TP GPUs' HBM x utilisation, minus weights and
     reserve (`engine` defaults to cfg.engine; `where` is its config path, for errors)."""
@@ -83,7 +83,7 @@ def derived_num_gpu_blocks(
 
 
 def num_gpu_blocks(
-    cfg: Sections, engine: VllmEngineConfig | None = None, role: str = "aggregated"
+    cfg: Sections, engine: EngineConfig | None = None, role: str = "aggregated"
 ) -> int:
     """Configured blocks per worker rank, or the HBM-derived count when `num_gpu_blocks` is
     null (`engine` defaults to cfg.engine; pass a role and its engine in a disagg topology)."""
@@ -95,7 +95,7 @@ def num_gpu_blocks(
     )
 
 
-def role_engine(cfg: Sections, role: str) -> VllmEngineConfig:
+def role_engine(cfg: Sections, role: str) -> EngineConfig:
     """The engine of one role: `engine`, with the role's overrides in a disagg topology
     (`role` is "aggregated", "prefill" or "decode")."""
     topo = cfg.topology
@@ -110,19 +110,19 @@ def role_engine(cfg: Sections, role: str) -> VllmEngineConfig:
         if getattr(overrides, k) is not None
     }
     try:
-        return VllmEngineConfig.model_validate({**cfg.engine.model_dump(), **update})
+        return EngineConfig.model_validate({**cfg.engine.model_dump(), **update})
     except ValueError as e:
         raise ConfigError(f"topology.{role}: {e}") from None
 
 
-def role_engines(cfg: Sections) -> dict[str, VllmEngineConfig]:
+def role_engines(cfg: Sections) -> dict[str, EngineConfig]:
     """Each role's engine: {"aggregated": engine}, or the prefill and decode engines."""
     if cfg.topology.kind != "disagg":
         return {"aggregated": cfg.engine}
     return {role: role_engine(cfg, role) for role in ("prefill", "decode")}
 
 
-def cache_layout(cfg: Sections, engine: VllmEngineConfig) -> tuple[int, int]:
+def cache_layout(cfg: Sections, engine: EngineConfig) -> tuple[int, int]:
     """A worker's physical KV layout: (block size, KV bytes per token on one GPU of its TP
     group). Workers may share a host or disk pool only when this is identical; it is the
     model's geometry, whatever a P/D link charges per token."""

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from servesim.config.cluster import DisaggTopology, VllmEngineConfig
+from servesim.config.cluster import DisaggTopology, EngineConfig
 from servesim.config.derived import (
     kv_bytes_per_token,
     kv_events_on,
@@ -25,7 +25,7 @@ from servesim.config.schema import RunConfig
 @dataclass(frozen=True)
 class Plan:
     cfg: RunConfig
-    engines: Mapping[str, VllmEngineConfig]  # by role: "aggregated", or "prefill" and "decode"
+    engines: Mapping[str, EngineConfig]  # by role: "aggregated", or "prefill" and "decode"
     gpu_blocks: Mapping[str, int]  # KV blocks per rank, by role
     kv_bytes_per_token: int  # K and V of one token, all layers, before TP sharding
     transfer_bytes_per_token: int  # what a P/D transfer charges per token

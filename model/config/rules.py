@@ -7,7 +7,14 @@ the agentic rule also runs on a plain Dynamo trace once it is read (`agentic_vio
 
 from __future__ import annotations
 
-from servesim.config.cluster import AggregatedTopology, DisaggTopology, KvRouter
+from servesim.config.cluster import (
+    SGLANG_KEYS,
+    TRTLLM_KEYS,
+    AggregatedTopology,
+    DisaggTopology,
+    EngineConfig,
+    KvRouter,
+)
 from servesim.config.derived import cache_layout, role_engines
 from servesim.config.sections import Sections
 from servesim.config.workloads import AgenticOptions, DynamoTraceWorkload, SyntheticWorkload
@@ -16,6 +23,7 @@ from servesim.config.workloads import AgenticOptions, DynamoTraceWorkload, Synth
 def check(cfg: Sections) -> None:
     """Every rule, in this order; the first broken one raises ValueError (or ConfigError)."""
     check_roles(cfg)
+    check_engines(cfg)
     check_cluster_size(cfg)
     check_kv_tiers(cfg)
     check_kv_router(cfg)
@@ -39,6 +47,77 @@ def check_roles(cfg: Sections) -> None:
             "link.timing_mode=destination_missing needs prefix caching on the decode side "
             "(topology.decode.enable_prefix_caching / engine.enable_prefix_caching): without "
             "it nothing is resident, so say full_prompt"
+        )
+
+
+# Engine keys read by one engine only, by the `engine.kind` that reads them.
+ENGINE_ONLY_KEYS = {"sglang": SGLANG_KEYS, "trtllm": TRTLLM_KEYS}
+
+
+def _engine_path(cfg: Sections, role: str, key: str) -> str:
+    """Where a role's engine key was set: its topology override, else `engine`."""
+    topo = cfg.topology
+    if isinstance(topo, DisaggTopology) and getattr(getattr(topo, role), key, None) is not None:
+        return f"topology.{role}.{key}"
+    return f"engine.{key}"
+
+
+def check_engines(cfg: Sections) -> None:
+    """Each role's engine sets only keys its kind reads, within that engine's limits (the
+    mocker's own checks, with their config paths)."""
+    for role, engine in role_engines(cfg).items():
+        kind = engine.kind
+        for owner, keys in ENGINE_ONLY_KEYS.items():
+            for key in keys:
+                if owner != kind and getattr(engine, key) is not None:
+                    raise ValueError(
+                        f"{_engine_path(cfg, role, key)}: a key of engine={owner} only; "
+                        f"engine.kind is {kind} (choose engine={owner}, or drop the key)"
+                    )
+        if kind == "sglang":
+            _check_sglang(cfg, role, engine)
+        elif engine.block_size < 2:
+            raise ValueError(
+                f"{_engine_path(cfg, role, 'block_size')}: engine.kind={kind} needs blocks of "
+                f"at least 2 tokens, got {engine.block_size} (only sglang pages may hold 1)"
+            )
+        _check_speculative(cfg, role, engine)
+
+
+def _check_sglang(cfg: Sections, role: str, engine: EngineConfig) -> None:
+    if not engine.enable_chunked_prefill:
+        raise ValueError(
+            f"{_engine_path(cfg, role, 'enable_chunked_prefill')}: SGLang always chunks its "
+            "prefill; false is not supported with engine.kind=sglang"
+        )
+    chunk = engine.chunked_prefill_size
+    if chunk is not None and chunk % engine.block_size:
+        raise ValueError(
+            f"{_engine_path(cfg, role, 'chunked_prefill_size')}: {chunk} is not a multiple of "
+            f"the page size, engine.block_size={engine.block_size}"
+        )
+
+
+def _check_speculative(cfg: Sections, role: str, engine: EngineConfig) -> None:
+    spec = engine.speculative
+    path = _engine_path(cfg, role, "speculative")
+    if spec.num_speculative_tokens is None:
+        if spec.acceptance_rates is not None:
+            raise ValueError(
+                f"{path}.acceptance_rates is set without {path}.num_speculative_tokens "
+                "(speculative decoding is off)"
+            )
+        return
+    if engine.decode_speedup_ratio != 1.0:
+        raise ValueError(
+            f"{path}.num_speculative_tokens needs {_engine_path(cfg, role, 'decode_speedup_ratio')}"
+            f"=1.0, got {engine.decode_speedup_ratio}: speculation already speeds decode up "
+            "(tokens per step), as the mocker models it"
+        )
+    if cfg.kv_cache.host_offload.num_host_blocks is not None:
+        raise ValueError(
+            f"{path}.num_speculative_tokens with kv_cache.host_offload: speculative decoding "
+            "with KV tiers is not modelled (nor by the mocker); drop one of them"
         )
 
 
@@ -100,6 +179,11 @@ def check_kv_tiers(cfg: Sections) -> None:
         return
     engines = role_engines(cfg)
     for role, engine in engines.items():
+        if engine.kind in ENGINE_ONLY_KEYS:
+            raise ValueError(
+                f"kv_cache.host_offload is modelled for the vllm engine only (vLLM's offloading "
+                f"connector); {_engine_path(cfg, role, 'kind')} is {engine.kind}"
+            )
         if not engine.enable_prefix_caching:
             where = "engine" if role == "aggregated" else f"topology.{role} / engine"
             raise ValueError(
@@ -192,8 +276,8 @@ def check_link_pairs(cfg: Sections) -> None:
 # * load: trace timestamps only (no concurrency, no re-stamped rate), no virtual-time cut-off;
 # * host offload (G2) only on one aggregated worker or one prefill + one decode worker, every
 #   role at DP size 1; disk (G3) never;
-# * static pools and speculation off always hold here (servesim has neither autoscaling nor
-#   speculative decoding).
+# * engines vllm or sglang, speculative decoding off; static pools (servesim does not
+#   autoscale).
 #
 # Ordinary (non-agentic) traces keep every topology.
 
@@ -210,6 +294,17 @@ def agentic_violation(cfg: Sections, what: str) -> str | None:
             f"agentic trace does not support max virtual time (stop.max_virtual_time_ms is set; "
             f"{what} ends when its plays settle, or by workload.agentic_profile)"
         )
+    for role, engine in role_engines(cfg).items():
+        if engine.kind not in ("vllm", "sglang"):
+            return (
+                f"agentic replay supports the vllm and sglang engines only; "
+                f"{_engine_path(cfg, role, 'kind')} is {engine.kind}"
+            )
+        if engine.speculative.num_speculative_tokens is not None:
+            return (
+                "agentic replay requires speculative decoding off ("
+                f"{_engine_path(cfg, role, 'speculative')}.num_speculative_tokens is set)"
+            )
     kv = cfg.kv_cache
     if kv.disk.num_g3_blocks is not None:
         return (

@@ -10,11 +10,11 @@ from __future__ import annotations
 from typing import Protocol
 
 from servesim.config.cluster import (
+    EngineConfig,
     KvCacheConfig,
     LinkConfig,
     RouterConfig,
     TopologyConfig,
-    VllmEngineConfig,
 )
 from servesim.config.hardware import HardwareConfig, LlmConfig, TimingConfig
 from servesim.config.run_options import (
@@ -36,7 +36,7 @@ class Sections(Protocol):
     @property
     def hardware(self) -> HardwareConfig: ...
     @property
-    def engine(self) -> VllmEngineConfig: ...
+    def engine(self) -> EngineConfig: ...
     @property
     def timing(self) -> TimingConfig: ...
     @property

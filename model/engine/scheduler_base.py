@@ -11,7 +11,7 @@ from typing import Any
 
 from mypy_extensions import mypyc_attr
 
-from servesim.config.schema import VllmEngineConfig
+from servesim.config.schema import EngineConfig
 from servesim.engine.batch import Batch
 from servesim.kv.pool_base import Pool
 from servesim.kv.tiers import RankTiers
@@ -26,7 +26,7 @@ class SchedulerBase:
 
     def __init__(
         self,
-        cfg: VllmEngineConfig,
+        cfg: EngineConfig,
         pool: Pool,
         hasher: BlockHasher,
         on_admit: Callable[[Request, int, float], None],

@@ -9,8 +9,8 @@ import numpy as np
 import simpy
 
 from servesim.config.errors import ConfigError
+from servesim.config.schema import EngineConfig, RouterConfig
 from servesim.config.schema import KvRouter as KvRouterConfig
-from servesim.config.schema import RouterConfig, VllmEngineConfig
 from servesim.metrics.recorder import Recorder
 from servesim.router.base import Router
 from servesim.router.kv import KvRouter
@@ -30,7 +30,7 @@ class RouterSite:
     dp_size: int
     flat: bool
     env: simpy.Environment
-    engine: VllmEngineConfig
+    engine: EngineConfig
     role: str
     recorder: Recorder
     rng: np.random.Generator

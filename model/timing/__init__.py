@@ -6,12 +6,12 @@ from servesim.config.errors import ConfigError
 from servesim.config.schema import (
     AiconfiguratorTiming,
     CalibratedRooflineTiming,
+    EngineConfig,
     FixedTiming,
     InterpolatedTiming,
     PolynomialTiming,
     RooflineTiming,
     RunConfig,
-    VllmEngineConfig,
 )
 from servesim.timing.base import Scaled, StepTime
 from servesim.timing.calibrated import CalibratedRoofline, calibrated_factors
@@ -21,7 +21,7 @@ from servesim.timing.polynomial import Polynomial
 from servesim.timing.roofline import Roofline
 
 
-def build_step_time(cfg: RunConfig, engine: VllmEngineConfig | None = None) -> StepTime:
+def build_step_time(cfg: RunConfig, engine: EngineConfig | None = None) -> StepTime:
     """The configured timing model, scaled by the engine's speedup ratios (`engine` defaults
     to cfg.engine; pass a role's engine in a disagg topology)."""
     engine = engine or cfg.engine
@@ -61,7 +61,7 @@ AIC_GEMM_QUANT = {"bfloat16": None, "fp8": "fp8", "fp4": "nvfp4"}
 AIC_KV_QUANT = {"auto": None, "bfloat16": None, "fp8": "fp8", "int8": "int8"}
 
 
-def _aiconfigurator(cfg: RunConfig, t: AiconfiguratorTiming, engine: VllmEngineConfig) -> StepTime:
+def _aiconfigurator(cfg: RunConfig, t: AiconfiguratorTiming, engine: EngineConfig) -> StepTime:
     """AIConfigurator's step time for this llm / hardware / engine, or a ConfigError naming
     what it cannot price (never a silent fallback)."""
     llm, hw = cfg.llm, cfg.hardware

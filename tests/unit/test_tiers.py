@@ -362,13 +362,13 @@ class _StubTiers:
 def test_a_pass_and_a_load_it_starts_each_wait_for_the_stores_they_evicted_from():
     """R's decode step evicts block 203 (a store to G2 still reads it), then C's load in the
     same pass evicts 202: the pass waits for 203's store, the load for 202's."""
-    from servesim.config.schema import VllmEngineConfig
+    from servesim.config.schema import EngineConfig
     from servesim.engine.vllm import VllmScheduler
     from servesim.kv.block_pool import BlockPool
     from servesim.workload.hashing import BlockHasher
     from servesim.workload.request import Request
 
-    cfg = VllmEngineConfig(block_size=4, max_num_batched_tokens=64, max_num_seqs=8)
+    cfg = EngineConfig(block_size=4, max_num_batched_tokens=64, max_num_seqs=8)
     pool = BlockPool(5, True, False)
     sched = VllmScheduler(cfg, pool, BlockHasher(4), lambda *_: None)
     sched.tiers = tiers = _StubTiers()  # type: ignore[assignment]

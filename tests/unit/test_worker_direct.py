@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import simpy
 
-from servesim.config.cluster import VllmEngineConfig
+from servesim.config.cluster import EngineConfig
 from servesim.config.hardware import FixedTiming
 from servesim.engine.vllm import VllmScheduler
 from servesim.engine.worker import Worker
@@ -24,7 +24,7 @@ from servesim.workload.request import Request
 
 def test_a_hand_built_worker_runs_the_textbook_loop():
     env = simpy.Environment()
-    engine = VllmEngineConfig(block_size=16, num_gpu_blocks=64)
+    engine = EngineConfig(block_size=16, num_gpu_blocks=64)
     admitted: list[tuple[str, int, float]] = []
     scheduler = VllmScheduler(
         engine,

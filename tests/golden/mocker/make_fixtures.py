@@ -27,6 +27,7 @@ Normalisation of the mocker outputs, so that a regeneration gives a clean diff:
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import random
 import sys
@@ -1901,6 +1902,45 @@ ZW_CASES = [
     ),
 ]
 CASES += ZW_CASES
+
+# Engine cases (SGLang, TRT-LLM, speculative decoding) live beside this file, one module per
+# engine (`cases_<engine>.py`), each with `def cases(Case, ENGINES) -> list[Case]` (ENGINES: the
+# mocker's engine block of each backend as compare_dynamo.py writes it, by engine.kind).
+SGLANG_ENGINE: dict[str, Any] = {
+    **DEFAULT_ENGINE,
+    "backend": "sglang",
+    "block_size": 1,
+    "sglang": {
+        "schedule_policy": "fifo",
+        "max_prefill_tokens": 16384,
+        "chunked_prefill_size": 8192,
+        "clip_max_new_tokens": 4096,
+        "schedule_conservativeness": 1.0,
+    },
+    "prefill_decode_interval": 0,
+}
+TRTLLM_ENGINE: dict[str, Any] = {
+    **DEFAULT_ENGINE,
+    "backend": "trtllm",
+    "block_size": 32,
+    "trtllm": {"capacity_scheduler_policy": "guaranteed_no_evict"},
+}
+
+ENGINES = {"vllm": DEFAULT_ENGINE, "sglang": SGLANG_ENGINE, "trtllm": TRTLLM_ENGINE}
+
+
+def engine_cases() -> list[Case]:
+    found: list[Case] = []
+    for path in sorted(HERE.glob("cases_*.py")):
+        module_spec = importlib.util.spec_from_file_location(path.stem, path)
+        assert module_spec is not None and module_spec.loader is not None
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+        found += module.cases(Case, ENGINES)
+    return found
+
+
+CASES += engine_cases()
 
 
 # --------------------------------------------------------------------------- writing
