@@ -1,0 +1,332 @@
+"""SGLang's scheduling for one rank (the Dynamo mocker's `sglang` backend, SGLang v0.5 semantics).
+
+Where vLLM mixes prefill chunks and decode steps in one pass, SGLang runs one or the other:
+
+1. **Prefill first.** If any waiting request can be admitted, the pass is a prefill (extend)
+   pass: it computes the admitted requests' prompt chunks and nothing else. Running requests do
+   not decode that pass. A request whose last chunk is in the pass gets its first token at the
+   pass end; a chunk continuation goes back to the head of the queue.
+2. **Otherwise one decode step** for every running request.
+
+Admission walks the queue in order (`fifo`, or `lpm`: longest cached prefix first) and stops at
+the first request that does not fit (head-of-line blocking). A request fits if its chunk, rounded
+up to whole pages, fits the prefill budget (`max_prefill_tokens`) and the chunk budget
+(`chunked_prefill_size`), and the chunk plus the request's own future output (at most
+`clip_max_new_tokens`) fits in the free pages *less a reserve kept back for the requests already
+running*: each one's remaining output (clipped) times `new_token_ratio`. The ratio starts at
+0.7 x `schedule_conservativeness`, falls linearly by one step each pass to 0.14 of that over 600
+passes, and jumps back to its start after a retraction or a failed allocation. So SGLang admits
+only what it expects to be able to finish, and a request that does not fit waits: nothing is
+admitted only to be preempted a pass later.
+
+When a decode step needs more pages than are free (the reserve was a guess), the running request
+with the fewest decoded tokens is **retracted**: its pages go back to the prefix cache (so its
+prompt, and what it has decoded, are cached if it comes back soon), and it returns to the head of
+the queue, to be admitted again (a readmission) with whatever of it is still cached.
+
+Pages are the engine's blocks (`engine.block_size`, 1 token by default): the prefix (radix)
+cache matches whole pages, at most the sequence less its last token.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+from servesim.config.schema import EngineConfig
+from servesim.engine.batch import Batch
+from servesim.engine.scheduler_base import SchedulerBase
+from servesim.kv.pool_base import Pool
+from servesim.workload.hashing import BlockHasher
+from servesim.workload.request import Request, Status
+
+# SGLang's defaults for the keys engine=sglang leaves null (conf/engine/sglang.yaml sets them)
+DEFAULT_MAX_PREFILL_TOKENS = 16384
+DEFAULT_CHUNKED_PREFILL_SIZE = 8192
+DEFAULT_CLIP_MAX_NEW_TOKENS = 4096
+# new_token_ratio: starts at 0.7 x schedule_conservativeness, falls to 0.14 of that in 600 passes
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
+NEW_TOKEN_RATIO_DECAY_PASSES = 600
+# lpm: ordered only while at most this many wait; a short match whose first 32 tokens repeat
+# another waiting request's goes behind (they would share it once the first is computed)
+LPM_MAX_WAITING = 128
+LPM_SHORT_MATCH_TOKENS = 32
+
+
+class SglangScheduler(SchedulerBase):
+    """SGLang's policy for one rank: prefill-only or decode-only passes, reserve-then-wait
+    admission, retraction of the least-decoded request under decode memory pressure."""
+
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        pool: Pool,
+        hasher: BlockHasher,
+        on_admit: Callable[[Request, int, float], None],
+        role: str = "aggregated",
+    ) -> None:
+        super().__init__(cfg, pool, hasher, on_admit, role)
+        self.max_prefill_tokens = cfg.max_prefill_tokens or DEFAULT_MAX_PREFILL_TOKENS
+        self.chunked_prefill_size = cfg.chunked_prefill_size or DEFAULT_CHUNKED_PREFILL_SIZE
+        self.clip_max_new_tokens = cfg.clip_max_new_tokens or DEFAULT_CLIP_MAX_NEW_TOKENS
+        self.schedule_policy = cfg.schedule_policy or "fifo"
+        self.prefill_decode_interval = cfg.prefill_decode_interval or 0
+        conservativeness = cfg.schedule_conservativeness
+        self.init_new_token_ratio = INIT_NEW_TOKEN_RATIO * (
+            1.0 if conservativeness is None else conservativeness
+        )
+        min_ratio = self.init_new_token_ratio * MIN_NEW_TOKEN_RATIO_FACTOR
+        self.min_new_token_ratio = min_ratio
+        self.new_token_ratio_step = (
+            self.init_new_token_ratio - min_ratio
+        ) / NEW_TOKEN_RATIO_DECAY_PASSES
+        self.new_token_ratio = self.init_new_token_ratio
+        self.decode_passes_owed = 0  # decode-only passes still due (prefill_decode_interval)
+        self.n_retractions = 0
+
+    # ------------------------------------------------------------------ the pass
+
+    def schedule(self, now_ms: float) -> Batch:
+        """A prefill pass if anything waiting can be admitted, else one decode step."""
+        batch = Batch()
+        if self.schedule_policy == "lpm":
+            self._order_longest_prefix_first()
+        memory_short = False
+        if self.waiting and not (self.decode_passes_owed and self.running):
+            memory_short = self._admit(batch, now_ms)
+        if batch.items:
+            self.decode_passes_owed = self.prefill_decode_interval
+        else:
+            if self.decode_passes_owed:
+                self.decode_passes_owed -= 1
+            self._decode_step(batch)
+        if memory_short or batch.n_preempted:
+            self.new_token_ratio = self.init_new_token_ratio
+        self.new_token_ratio = max(
+            self.new_token_ratio - self.new_token_ratio_step, self.min_new_token_ratio
+        )
+        batch.active_blocks = self.pool.n_active
+        return batch
+
+    # ------------------------------------------------------------------ prefill
+
+    def _admit(self, batch: Batch, now_ms: float) -> bool:
+        """Admit waiting requests, in order, into a prefill pass while they fit (see the module
+        docstring); returns whether one stopped admission because its pages could not be
+        allocated (SGLang then resets new_token_ratio)."""
+        page = self.block_size
+        pool = self.pool
+        running = self.running
+        waiting = self.waiting
+        clip = self.clip_max_new_tokens
+        reserved = (
+            sum(min(r.output_length - r.num_output_tokens, clip) for r in running)
+            * self.new_token_ratio
+        )
+        rem_total = (pool.free_blocks * page - self._page_slack()) - reserved
+        rem_input = self.max_prefill_tokens
+        rem_chunk = self.chunked_prefill_size
+        seats = self.cfg.max_num_seqs - len(running)
+        finished: list[Request] = []  # prompts complete this pass, in admission order
+        partial: Request | None = None  # the chunk continuation, back to the head
+        oom = False
+        while waiting and len(finished) + (partial is not None) < seats:
+            req = waiting[0]
+            fresh = req.num_computed_tokens == 0
+            if fresh and req.n_admissions == 0:
+                reason = self._never_fits(req)
+                if reason:
+                    waiting.popleft()
+                    batch.rejected.append((req, reason))
+                    continue
+            seq = req.seq_len
+            if fresh:
+                hashes, hit, _ = self._prefix_hit(req)
+                prefix = hit * page
+            else:  # a chunk continuation: what it computed is its prefix
+                hashes, hit, prefix = [], 0, req.num_computed_tokens
+            extend = seq - prefix
+            if extend <= rem_chunk:
+                chunk = extend
+            else:  # a chunk of what is left of the chunk budget, in whole pages
+                chunk = min(rem_chunk // page * page, extend)
+                if chunk == 0:
+                    break
+            charged = -(-chunk // page) * page
+            last_chunk = chunk == extend
+            reserve = min(req.output_length - req.num_output_tokens, clip) if last_chunk else 0
+            if charged + reserve >= rem_total:
+                if running or batch.items:
+                    break
+                # nothing runs and nothing else holds pages: it will never fit
+                waiting.popleft()
+                self.pool.release(req)
+                batch.rejected.append(
+                    (
+                        req,
+                        f"sequence of {seq} tokens and its output reserve of {reserve} tokens "
+                        f"need more than the pool's {self.pool.capacity_blocks * page} tokens "
+                        "(SGLang admits a request only if it can finish)",
+                    )
+                )
+                continue
+            if charged > rem_input or charged > rem_chunk:
+                break
+            if hit:
+                pool.acquire(req, hashes[:hit])
+            end = prefix + chunk
+            if not pool.allocate(
+                req, -(-end // page) - len(req.held_hashes) - req.held_private_blocks
+            ):
+                if hit:
+                    pool.release(req)
+                oom = True
+                break
+            waiting.popleft()
+            req.num_computed_tokens = end
+            if fresh:
+                self._admitted(req, prefix, now_ms)
+            batch.items.append((req, chunk, chunk, prefix))
+            rem_total -= charged + reserve
+            rem_input -= charged
+            rem_chunk -= charged
+            if last_chunk:
+                finished.append(req)
+            else:
+                partial = req
+            if rem_chunk <= 0:
+                break
+        for req, *_ in batch.items:
+            # what the pass computes joins the prefix cache after admission: a prompt admitted
+            # behind another in the same pass does not reuse its pages (unlike vLLM)
+            self._register_full(req)
+        if partial is not None:
+            waiting.appendleft(partial)
+        running.extend(finished)
+        if finished:
+            # the first token's KV is taken in the prefill pass that produces it
+            self._grow(finished, batch)
+        self._summarise_prefill(batch)
+        return oom
+
+    def _admitted(self, req: Request, cached_tokens: int, now_ms: float) -> None:
+        req.status = Status.RUNNING
+        req.n_admissions += 1
+        self.n_committed_prefill_tokens += req.seq_len - cached_tokens
+        self.on_admit(req, cached_tokens, now_ms)
+
+    def _page_slack(self) -> int:
+        """Tokens of allocated pages not yet holding KV (partial last pages), which SGLang
+        keeps out of what admission may use."""
+        if self.block_size == 1:
+            return 0
+        page = self.block_size
+        slack = 0
+        for req in (*self.running, *self.waiting):
+            pages = len(req.held_hashes) + req.held_private_blocks
+            if pages:
+                held = req.seq_len if req in self.running else req.num_computed_tokens
+                slack += pages * page - held
+        return slack
+
+    def _summarise_prefill(self, batch: Batch) -> None:
+        """A prefill pass is priced by its chunks alone: no decode part."""
+        n = len(batch.items)
+        batch.n_prefill = n
+        batch.sum_prefill_isl = sum(before + tokens for _, _, tokens, before in batch.items)
+        batch.sum_prefix = sum(before for _, _, _, before in batch.items)
+        batch.prefill_tokens = sum(tokens for _, _, tokens, _ in batch.items)
+
+    def _order_longest_prefix_first(self) -> None:
+        """lpm: waiting requests by cached prefix, longest first (stable); a short match whose
+        first 32 tokens repeat an earlier waiting request's goes behind. Skipped while more
+        than 128 wait."""
+        waiting = self.waiting
+        if len(waiting) > LPM_MAX_WAITING or not self.pool.enable_caching:
+            return
+        page = self.block_size
+        probe_blocks = -(-LPM_SHORT_MATCH_TOKENS // page)  # the first 32 tokens, in pages
+        seen: set[int] = set()
+        scored = []
+        for k, req in enumerate(waiting):
+            hashes = self._known_hashes(req)
+            prefix_tokens = self.pool.match(hashes)[0] * page
+            behind = False
+            if prefix_tokens <= LPM_SHORT_MATCH_TOKENS and len(hashes) >= probe_blocks:
+                key = hashes[probe_blocks - 1]  # a block id stands for its whole prefix
+                behind = key in seen
+                seen.add(key)
+            scored.append((behind, -prefix_tokens, k, req))
+        scored.sort()
+        self.waiting = deque(req for _, _, _, req in scored)
+
+    # ------------------------------------------------------------------ decode
+
+    def _decode_step(self, batch: Batch) -> None:
+        """One decode step for every running request, after retracting what does not fit."""
+        running = self._grow(self.running, batch)
+        items = batch.items
+        sum_ctx = 0
+        for req in running:
+            if req.num_output_tokens >= req.output_length:
+                continue
+            sum_ctx += req.seq_len
+            req.num_computed_tokens = req.seq_len
+            self._register_full(req)
+            items.append((req, 1, 0, req.input_length))
+        batch.n_decode = len(items)
+        batch.sum_decode_context = sum_ctx
+
+    def _grow(self, group: list[Request], batch: Batch) -> list[Request]:
+        """Pages for the next token of every request of `group` (all running): while they do
+        not fit and more than one is left, retract the one with the fewest decoded tokens
+        (the earliest on ties). Returns the requests that got their pages."""
+        pool = self.pool
+        page = self.block_size
+        retracted: list[Request] = []
+        while True:
+            need = 0
+            for req in group:
+                if req.num_output_tokens < req.output_length:
+                    held = len(req.held_hashes) + req.held_private_blocks
+                    need += max(0, -(-(req.seq_len + 1) // page) - held)
+            if need <= pool.free_blocks or len(group) <= 1:
+                break
+            victim = min(group, key=lambda r: r.num_output_tokens)
+            group = [r for r in group if r is not victim]
+            self._retract(victim, batch)
+            retracted.append(victim)
+        # back to the head of the queue, the first retracted first
+        self.waiting.extendleft(reversed(retracted))
+        for req in group:
+            if req.num_output_tokens >= req.output_length:
+                continue
+            held = len(req.held_hashes) + req.held_private_blocks
+            grow = -(-(req.seq_len + 1) // page) - held
+            if grow > 0 and not pool.allocate(req, grow):
+                # alone, and longer than the whole pool can hold
+                self._retract(req, batch)
+                group = [r for r in group if r is not req]
+                pages = -(-(req.seq_len + 1) // page)
+                batch.rejected.append(
+                    (
+                        req,
+                        f"sequence of {req.seq_len + 1} tokens needs {pages} KV blocks; "
+                        f"the pool holds {pool.capacity_blocks}",
+                    )
+                )
+        return group
+
+    def _retract(self, req: Request, batch: Batch) -> None:
+        """Retraction: `req` gives its pages back (what it computed stays in the prefix cache);
+        the caller puts it back at the head of the queue, to be admitted again."""
+        self.pool.release(req)
+        if req in self.running:
+            self.running.remove(req)
+        req.num_computed_tokens = 0
+        (req.parent or req).n_preemptions += 1
+        self.n_preemptions += 1
+        self.n_retractions += 1
+        batch.n_preempted += 1
+        req.status = Status.WAITING
