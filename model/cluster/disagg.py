@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import simpy
 
+from servesim.clock import TRANSFER_END, fire
 from servesim.cluster.base import ClusterBase
 from servesim.cluster.handoff import handoff
 from servesim.cluster.reservation import Reservations
@@ -106,6 +107,11 @@ class DisaggCluster(ClusterBase):
         # decode rank, or in transfer), by request index
         self.between_pools: dict[int, Request] = {}
         self.prefill_copies: dict[int, Request] = {}  # by request index, until handed off
+        # SGLang reserves the destination first: the decode rank is chosen and takes KV for the
+        # prompt as the request arrives, while it is prefilled (vLLM and TRT-LLM: after it is);
+        # the handoff's transfer then waits for its prefill too (events by request index)
+        self.destination_first = engines["decode"].kind == "sglang"
+        self.prefilled: dict[int, simpy.Event] = {}
 
     @property
     def completion_dispatches(self) -> bool:
@@ -155,9 +161,20 @@ class DisaggCluster(ClusterBase):
     def _to_prefill(self, req: Request, worker: int, rank: int) -> None:
         req.prefill_worker_idx = worker
         req.prefill_dp_rank = rank
+        if self.destination_first:
+            reason = self._never_fits_decode(req)
+            if reason:  # no decode rank could ever reserve its prompt
+                self.prefill_router.prefill_done(req)
+                self.prefill_router.finished(req)
+                self.end(req, REJECTED, reason)
+                return
         copy = req.prefill_copy()
         self.prefill_copies[req.idx] = copy
         self.prefill[worker].submit(copy, rank)
+        if self.destination_first:
+            self.prefilled[req.idx] = self.env.event()
+            self.between_pools[req.idx] = req
+            self.decode_router.submit(req)
 
     def _admitted(self, req: Request, reused_tokens: int, now_ms: float) -> None:
         parent = req.parent
@@ -185,6 +202,9 @@ class DisaggCluster(ClusterBase):
         req.source_held_ms = self.env.now
         self.prefill_router.prefill_done(req)
         self.prefill_router.finished(req)  # the prefill pool is done with it
+        if self.destination_first:  # its handoff goes on with the instant's transfers
+            fire(self.env, self.prefilled.pop(req.idx), TRANSFER_END)
+            return
         reason = self._never_fits_decode(req)
         if reason:
             source = self.prefill[req.prefill_worker_idx]
@@ -203,7 +223,8 @@ class DisaggCluster(ClusterBase):
         self._accepted += 1
         req.accept_seq = self._accepted
         reserved = dest.request(req)
-        self.env.process(handoff(self, copy, req, reserved, dest))
+        prefilled = self.prefilled.get(req.idx)
+        self.env.process(handoff(self, copy, req, reserved, dest, prefilled))
         if not dest.worker.busy:
             dest.attempt()
 

@@ -4,6 +4,8 @@ of its source KV, in Dynamo's tested order.
     prefill done -> source holds KV -> yield a reservation on the decode rank
     -> yield the transfer over the link -> activate on the decode rank -> release the source
 
+(SGLang reserves the destination as the request arrives and waits for its prefill after.)
+
 The source's KV stays held (active blocks on the prefill worker) until the end; the decode rank
 reserves blocks for the whole prompt (pinning what it already holds) before the transfer starts
 (servesim.cluster.reservation); the transfer moves `full_prompt` tokens, or only the blocks the
@@ -42,12 +44,21 @@ class PdCluster(Protocol):
 
 
 def handoff(
-    cluster: PdCluster, copy: Request, req: Request, reserved: simpy.Event, dest: Reservations
+    cluster: PdCluster,
+    copy: Request,
+    req: Request,
+    reserved: simpy.Event,
+    dest: Reservations,
+    prefilled: simpy.Event | None = None,
 ) -> Generator[simpy.Event, None, None]:
     """The life of `req` between the pools: `copy` (its prefill copy) finished and holds its KV
-    on the source; `reserved` fires once the decode rank `dest` has taken KV for it."""
+    on the source; `reserved` fires once the decode rank `dest` has taken KV for it. SGLang
+    reserves first: the handoff starts as the request arrives, and `prefilled` fires when its
+    prefill copy has finished."""
     source = cluster.prefill[req.prefill_worker_idx]
     yield reserved  # the decode rank took KV blocks for the prompt
+    if prefilled is not None:
+        yield prefilled  # (destination first) the source holds the prompt's KV
     link = cluster.link(req.prefill_worker_idx, dest.worker.idx)
     n_bytes = req.transfer_tokens * cluster.transfer_bytes_per_token + cluster.state_bytes
     landed = link.submit(req.request_id, n_bytes, req.transfer_tokens, "pd")

@@ -84,6 +84,7 @@ class SglangScheduler(SchedulerBase):
         self.new_token_ratio = self.init_new_token_ratio
         self.decode_passes_owed = 0  # decode-only passes still due (prefill_decode_interval)
         self.n_retractions = 0
+        pool.share_duplicates = True  # a radix cache holds each content once
 
     # ------------------------------------------------------------------ the pass
 
@@ -93,7 +94,9 @@ class SglangScheduler(SchedulerBase):
         if self.schedule_policy == "lpm":
             self._order_longest_prefix_first()
         memory_short = False
-        if self.waiting and not (self.decode_passes_owed and self.running):
+        if self._promote_delivered(batch, now_ms):
+            pass  # a pass that takes in delivered KV admits nothing else: it decodes
+        elif self.waiting and not (self.decode_passes_owed and self.running):
             memory_short = self._admit(batch, now_ms)
         if batch.items:
             self.decode_passes_owed = self.prefill_decode_interval
@@ -110,6 +113,21 @@ class SglangScheduler(SchedulerBase):
         return batch
 
     # ------------------------------------------------------------------ prefill
+
+    def _promote_delivered(self, batch: Batch, now_ms: float) -> bool:
+        """P/D decode rank: requests whose KV was delivered (activated) join the running set
+        first, in delivery order, without a KV check; whether any did."""
+        delivered = [r for r in self.waiting if r.materialized]
+        for req in delivered:
+            if len(self.running) >= self.cfg.max_num_seqs:
+                break
+            self.waiting.remove(req)
+            req.materialized = False
+            req.status = Status.RUNNING
+            req.n_admissions += 1
+            self.running.append(req)
+            self.on_admit(req, 0, now_ms)
+        return bool(delivered)
 
     def _admit(self, batch: Batch, now_ms: float) -> bool:
         """Admit waiting requests, in order, into a prefill pass while they fit (see the module

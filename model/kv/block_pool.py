@@ -214,6 +214,9 @@ class BlockPool(PoolBase):
         self.n_private -= 1
         req.held_private_blocks -= 1
         existing = self._oldest(h)
+        if existing is not None and self.share_duplicates:
+            self.acquire(req, [existing])  # the request's own block goes back
+            return
         if existing is None:
             key: Key = h
             if self.record_events:
