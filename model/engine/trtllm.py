@@ -1,0 +1,120 @@
+"""TensorRT-LLM's capacity scheduler `guaranteed_no_evict` on vLLM's passes, for one scheduler
+rank (the Dynamo mocker's `trtllm` backend).
+
+The passes are vLLM's (servesim.engine.vllm): running requests first, then FIFO admission, one
+token budget (`max_num_batched_tokens`), chunked prefill, `max_num_seqs`. What differs:
+
+1. A sequence never outgrows the pool: a request's output is clamped so that prompt + output
+   fits `min(max_model_len, pool tokens)`, and a prompt that reaches that limit is rejected
+   when it arrives (at the end of the next pass; it never blocks the queue).
+2. Admission reserves to completion. The head of the queue is admitted only when its whole
+   footprint, ceil((prompt + output) / block_size) blocks less its active cached prefix, fits
+   in the free blocks left once every running request has its remaining to-completion blocks
+   set aside (on a P/D decode rank, also the completion tails of the requests reserved there
+   that do not run yet). vLLM asks only that the blocks of the known sequence fit.
+3. So nothing is ever preempted: every running request is sure of its blocks.
+4. A prefix hit may cover the whole prompt (vLLM always recomputes the last prompt token): the
+   first token then costs a decode step, not a prefill.
+
+On a P/D decode rank, a request's KV is reserved fresh (no resident prefix is reused) and only
+when its whole to-completion footprint fits beside the running requests' and the promised
+tails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from servesim.config.schema import EngineConfig
+from servesim.engine.batch import Batch
+from servesim.engine.vllm import VllmScheduler
+from servesim.kv.pool_base import Pool
+from servesim.workload.hashing import BlockHasher
+from servesim.workload.request import Request
+
+
+class TrtllmScheduler(VllmScheduler):
+    """vLLM's passes with admission by to-completion reservation and no preemption."""
+
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        pool: Pool,
+        hasher: BlockHasher,
+        on_admit: Callable[[Request, int, float], None],
+        role: str = "aggregated",
+    ) -> None:
+        # the longest sequence: what the model allows and the whole pool holds. Generation
+        # stops there as at a model length, which is the mocker's clamp of the output
+        pool_tokens = pool.capacity_blocks * cfg.block_size
+        limit = min(cfg.max_model_len or pool_tokens, pool_tokens)
+        capped = cfg.model_copy(update={"max_model_len": limit})
+        super().__init__(capped, pool, hasher, on_admit, role)
+        self.max_seq_tokens = limit
+        self.refused: list[tuple[Request, str]] = []  # rejected on arrival, told at a pass end
+
+    # ------------------------------------------------------------ 1. the sequence limit
+
+    def enqueue(self, req: Request) -> None:
+        reason = self._never_fits(req)
+        if reason:
+            self.refused.append((req, reason))
+            return
+        super().enqueue(req)
+
+    def _never_fits(self, req: Request) -> str:
+        if req.input_length >= self.max_seq_tokens:
+            return (
+                f"prompt of {req.input_length} tokens leaves no room for output: a sequence "
+                f"holds at most {self.max_seq_tokens} tokens (max_model_len, or the KV pool: "
+                "TRT-LLM guaranteed_no_evict)"
+            )
+        return ""
+
+    def has_work(self) -> bool:
+        return bool(self.refused) or super().has_work()
+
+    def queued(self) -> list[Request]:
+        return [req for req, _reason in self.refused] + super().queued()
+
+    def schedule(self, now_ms: float) -> Batch:
+        batch = super().schedule(now_ms)
+        if self.refused:
+            batch.rejected.extend(self.refused)
+            self.refused = []
+        return batch
+
+    # ------------------------------------------------------------ 2. admission to completion
+
+    def to_completion_blocks(self, req: Request) -> int:
+        """The blocks `req` holds once its last output token is computed (clamped output)."""
+        tokens = min(req.input_length + req.output_length, self.max_seq_tokens)
+        return -(-tokens // self.block_size)
+
+    def _reserved_blocks(self) -> int:
+        """Blocks set aside for what running requests still lack to complete."""
+        return sum(
+            self.to_completion_blocks(r) - len(r.held_hashes) - r.held_private_blocks
+            for r in self.running
+        )
+
+    def _admission_fits(self, req: Request, needed: int) -> bool:
+        # `needed` covers the known sequence; the rest of the footprint is still to come
+        known = -(-req.seq_len // self.block_size)
+        footprint = needed + self.to_completion_blocks(req) - known
+        free = self.pool.free_blocks
+        return footprint <= free and footprint <= free - self._reserved_blocks()
+
+    # ------------------------------------------------------------ 3. no preemption
+
+    def _preempt(self, victim: Request, batch: Batch) -> None:
+        raise RuntimeError(
+            f"guaranteed_no_evict would preempt {victim}: the reservations under-counted"
+        )
+
+    # ------------------------------------------------------------ 4. whole-prompt hits
+
+    def _prefix_hit(self, req: Request) -> tuple[list[int], int, int]:
+        hashes = self._known_hashes(req)
+        hit, hit_active = self.pool.match(hashes)
+        return hashes, hit, hit_active
