@@ -51,18 +51,12 @@ class TrtllmScheduler(VllmScheduler):
         capped = cfg.model_copy(update={"max_model_len": limit})
         super().__init__(capped, pool, hasher, on_admit, role)
         self.max_seq_tokens = limit
-        self.refused: list[tuple[Request, str]] = []  # rejected on arrival, told at a pass end
 
     # ------------------------------------------------------------ 1. the sequence limit
 
-    def enqueue(self, req: Request) -> None:
-        reason = self._never_fits(req)
-        if reason:
-            self.refused.append((req, reason))
-            return
-        super().enqueue(req)
-
     def _never_fits(self, req: Request) -> str:
+        """Why a fresh request at the head of the queue is rejected: its prompt leaves no
+        room for a token."""
         if req.input_length >= self.max_seq_tokens:
             return (
                 f"prompt of {req.input_length} tokens leaves no room for output: a sequence "
@@ -70,19 +64,6 @@ class TrtllmScheduler(VllmScheduler):
                 "TRT-LLM guaranteed_no_evict)"
             )
         return ""
-
-    def has_work(self) -> bool:
-        return bool(self.refused) or super().has_work()
-
-    def queued(self) -> list[Request]:
-        return [req for req, _reason in self.refused] + super().queued()
-
-    def schedule(self, now_ms: float) -> Batch:
-        batch = super().schedule(now_ms)
-        if self.refused:
-            batch.rejected.extend(self.refused)
-            self.refused = []
-        return batch
 
     # ------------------------------------------------------------ 2. admission to completion
 
