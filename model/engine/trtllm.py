@@ -24,6 +24,7 @@ tails.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from servesim.config.schema import EngineConfig
 from servesim.engine.batch import Batch
@@ -51,6 +52,9 @@ class TrtllmScheduler(VllmScheduler):
         capped = cfg.model_copy(update={"max_model_len": limit})
         super().__init__(capped, pool, hasher, on_admit, role)
         self.max_seq_tokens = limit
+        # a P/D decode rank's requests with KV reserved here that do not run yet (in transfer,
+        # or delivered and waiting), by index: the rest of their footprint is promised to them
+        self.promised: dict[int, Request] = {}
 
     # ------------------------------------------------------------ 1. the sequence limit
 
@@ -72,12 +76,17 @@ class TrtllmScheduler(VllmScheduler):
         tokens = min(req.input_length + req.output_length, self.max_seq_tokens)
         return -(-tokens // self.block_size)
 
+    def _lacks(self, req: Request) -> int:
+        """The blocks `req` will still take before it completes."""
+        return self.to_completion_blocks(req) - len(req.held_hashes) - req.held_private_blocks
+
     def _reserved_blocks(self) -> int:
-        """Blocks set aside for what running requests still lack to complete."""
-        return sum(
-            self.to_completion_blocks(r) - len(r.held_hashes) - r.held_private_blocks
-            for r in self.running
-        )
+        """Blocks set aside for what running (and promised) requests lack to complete."""
+        lacks = self._lacks
+        n = sum(lacks(r) for r in self.running)
+        if self.promised:
+            n += sum(lacks(r) for r in self.promised.values())
+        return n
 
     def _admission_fits(self, req: Request, needed: int) -> bool:
         # `needed` covers the known sequence; the rest of the footprint is still to come
@@ -85,6 +94,26 @@ class TrtllmScheduler(VllmScheduler):
         footprint = needed + self.to_completion_blocks(req) - known
         free = self.pool.free_blocks
         return footprint <= free and footprint <= free - self._reserved_blocks()
+
+    # ------------------------------------------------------------ P/D: a decode rank's side
+
+    def reserve(self, req: Request) -> tuple[int, list[Any]] | None:
+        """KV for `req`'s prompt before its transfer, all of it fresh (a resident prefix is
+        not reused), taken only if its whole to-completion footprint fits beside what running
+        and promised requests lack; None (nothing taken) otherwise."""
+        if len(self.running) >= self.cfg.max_num_seqs:
+            return None
+        if self.to_completion_blocks(req) > self.pool.free_blocks - self._reserved_blocks():
+            return None
+        if not self.pool.allocate(req, -(-req.input_length // self.block_size)):
+            raise RuntimeError(f"reservation check passed but allocation failed for {req}")
+        if self._lacks(req):
+            self.promised[req.idx] = req
+        return 0, []
+
+    def _admit_materialized(self, req: Request, batch: Batch, now_ms: float) -> None:
+        self.promised.pop(req.idx, None)  # it runs: what it lacks is a running request's now
+        super()._admit_materialized(req, batch, now_ms)
 
     # ------------------------------------------------------------ 3. no preemption
 
@@ -99,3 +128,12 @@ class TrtllmScheduler(VllmScheduler):
         hashes = self._known_hashes(req)
         hit, hit_active = self.pool.match(hashes)
         return hashes, hit, hit_active
+
+    def _summarise(
+        self, batch: Batch, items: list[tuple[Request, int, int, int]], n_steps: int, steps_ctx: int
+    ) -> None:
+        super()._summarise(batch, items, n_steps, steps_ctx)
+        if self.role == "prefill":
+            # a prefill worker prices no decode: a prompt it holds whole yields the prefill
+            # copy's one token at no cost (as decode workers price no prefill)
+            batch.n_decode = batch.sum_decode_context = 0
