@@ -292,6 +292,11 @@ def cut_while_decoding(r: Result) -> bool:
     return bool(((req.terminal_status == "incomplete") & (req.output_length > 0)).any())
 
 
+def queued_for_kv_never_preempted(r: Result) -> bool:
+    req = r.requests
+    return bool((req.first_admit_ms > req.arrival_ms).any()) and r.summary["n_preemptions"] == 0
+
+
 def queued_in_router(r: Result) -> bool:
     return bool(len(r.routing)) and bool((r.routing.outcome == "queued").any())
 
@@ -421,6 +426,14 @@ SCENARIOS = [
         engine={"num_gpu_blocks": 48, "preemption_mode": "lifo"},
         topology={"num_workers": 1},
         output={"kv_events": False},
+    ),
+    # TRT-LLM (no decode stretches): a pool where vLLM preempts makes it queue instead
+    case(
+        "agg1-trtllm-small-kv",
+        WAVES,
+        (queued_for_kv_never_preempted,),
+        engine={"kind": "trtllm", "block_size": 32, "num_gpu_blocks": 48},
+        topology={"num_workers": 1},
     ),
     case(
         "agg1-max-model-len",
