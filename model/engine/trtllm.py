@@ -6,7 +6,7 @@ token budget (`max_num_batched_tokens`), chunked prefill, `max_num_seqs`. What d
 
 1. A sequence never outgrows the pool: a request's output is clamped so that prompt + output
    fits `min(max_model_len, pool tokens)`, and a prompt that reaches that limit is rejected
-   when it arrives (at the end of the next pass; it never blocks the queue).
+   when it reaches the head of the queue.
 2. Admission reserves to completion. The head of the queue is admitted only when its whole
    footprint, ceil((prompt + output) / block_size) blocks less its active cached prefix, fits
    in the free blocks left once every running request has its remaining to-completion blocks
@@ -16,9 +16,9 @@ token budget (`max_num_batched_tokens`), chunked prefill, `max_num_seqs`. What d
 4. A prefix hit may cover the whole prompt (vLLM always recomputes the last prompt token): the
    first token then costs a decode step, not a prefill.
 
-On a P/D decode rank, a request's KV is reserved fresh (no resident prefix is reused) and only
+In P/D, a decode rank reserves a request's KV fresh (no resident prefix is reused) and only
 when its whole to-completion footprint fits beside the running requests' and the promised
-tails.
+tails; a prefill worker prices no decode (a prompt it holds whole costs it nothing).
 """
 
 from __future__ import annotations
@@ -93,6 +93,7 @@ class TrtllmScheduler(VllmScheduler):
         known = -(-req.seq_len // self.block_size)
         footprint = needed + self.to_completion_blocks(req) - known
         free = self.pool.free_blocks
+        # (the first test spares summing the reservations when the free blocks already fall short)
         return footprint <= free and footprint <= free - self._reserved_blocks()
 
     # ------------------------------------------------------------ P/D: a decode rank's side
