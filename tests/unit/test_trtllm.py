@@ -6,6 +6,9 @@ Blocks of 32 tokens, trace blocks of 32 tokens, fixed timing: a pass with prefil
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 from servesim import simulate
 
 FIXED = {"kind": "fixed", "prefill_ms": 10.0, "decode_ms": 2.0}
@@ -183,3 +186,13 @@ def test_a_prefill_worker_prices_no_decode(config, trace):
     r = by_arrival(run(config, trace, rows, engine(num_gpu_blocks=200), **pd(200)))
     assert r.reused_input_tokens[1] == 96
     assert r.source_held_ms[1] == 50
+
+
+def test_the_docs_scenario_prints_what_the_docs_show(capsys):
+    """docs/schedulers.md#trt-llm: its script, run as written, prints the pass history shown
+    under it."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "schedulers.md").read_text()
+    section = doc[doc.index("\n## TRT-LLM") :]
+    ((code, shown),) = re.findall(r"```py\n(.*?)```\n\n```\n(.*?)```", section, re.S)
+    exec(compile(code, "docs/schedulers.md", "exec"), {})
+    assert capsys.readouterr().out == shown
