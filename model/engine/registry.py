@@ -20,13 +20,18 @@ from typing import Any
 from servesim.config.errors import ConfigError
 from servesim.engine.scheduler import Scheduler
 from servesim.engine.sglang import SglangScheduler
+from servesim.engine.trtllm import TrtllmScheduler
 from servesim.engine.vllm import VllmScheduler
 from servesim.speed import native
 from servesim.speed.stretch import replaced_methods
 
 SchedulerClass = Callable[..., Scheduler]
 
-SCHEDULERS: dict[str, SchedulerClass] = {"vllm": VllmScheduler, "sglang": SglangScheduler}
+SCHEDULERS: dict[str, SchedulerClass] = {
+    "vllm": VllmScheduler,
+    "sglang": SglangScheduler,
+    "trtllm": TrtllmScheduler,
+}
 
 # what every pass asks of a policy (the P/D handoff's four come with VllmScheduler's base)
 _EVERY_PASS = ("enqueue", "has_work", "schedule", "finish")

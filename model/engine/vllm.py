@@ -252,7 +252,7 @@ class VllmScheduler(SchedulerBase):
                     k = self._set_aside(queue, k)
                     continue
             needed = -(-seq // bs) - hit_active
-            if needed > pool.free_blocks:
+            if not self._admission_fits(req, needed):
                 if -(-seq // bs) > pool.capacity_blocks:
                     # more blocks than the whole pool: it will never fit
                     del queue[k]
@@ -309,6 +309,12 @@ class VllmScheduler(SchedulerBase):
             budget -= n
             if batch.n_preempted != preempted or (n == 0 and budget == 0):
                 break
+
+    def _admission_fits(self, req: Request, needed: int) -> bool:
+        """Whether waiting `req` has the KV to be admitted now, `needed` being the blocks its
+        known sequence lacks beyond its active prefix: vLLM asks only that they fit the free
+        blocks (a policy that reserves ahead, servesim.engine.trtllm, asks more)."""
+        return needed <= self.pool.free_blocks
 
     def _set_aside(self, queue: deque[Request], k: int) -> int:
         """`queue[k]` waits set aside: a waiting request joins the deferred ones, behind them

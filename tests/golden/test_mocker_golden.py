@@ -9,7 +9,9 @@ tier under aggregated workers, cases zx1-zx9 the KV router (in front of P/D, wit
 with a KV-event lag), G3 and a cluster-shared host pool, cases zy1-zy4 the host-tier rules of
 deferred admission, preemption with a store in flight (aggregated and P/D) and eviction of a
 block a store is still reading, cases zw1-zw2 an output-0 P/D delivery at an instant with
-another delivery and a spent budget with a delivered request and G2, cases zz1-zz5 agentic replay.
+another delivery and a spent budget with a delivered request and G2, cases zt1-zt9 the TRT-LLM
+engine (guaranteed_no_evict admission, no preemption, clamps, P/D reservations), cases zz1-zz5
+agentic replay.
 
 For every case servesim is composed from conf/ with Hydra's compose API and simulated, then:
 

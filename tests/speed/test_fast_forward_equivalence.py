@@ -292,6 +292,12 @@ def cut_while_decoding(r: Result) -> bool:
     return bool(((req.terminal_status == "incomplete") & (req.output_length > 0)).any())
 
 
+def queued_for_kv_never_preempted(r: Result) -> bool:
+    """Some request waited in the queue for longer than a few passes take; none preempted."""
+    wait_ms = r.requests.first_admit_ms - r.requests.arrival_ms
+    return bool(wait_ms.max() > 200.0) and r.summary["n_preemptions"] == 0
+
+
 def queued_in_router(r: Result) -> bool:
     return bool(len(r.routing)) and bool((r.routing.outcome == "queued").any())
 
@@ -421,6 +427,14 @@ SCENARIOS = [
         engine={"num_gpu_blocks": 48, "preemption_mode": "lifo"},
         topology={"num_workers": 1},
         output={"kv_events": False},
+    ),
+    # TRT-LLM (no decode stretches): a pool where vLLM preempts makes it queue instead
+    case(
+        "agg1-trtllm-small-kv",
+        WAVES,
+        (queued_for_kv_never_preempted,),
+        engine={"kind": "trtllm", "block_size": 32, "num_gpu_blocks": 48},
+        topology={"num_workers": 1},
     ),
     case(
         "agg1-max-model-len",
