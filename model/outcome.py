@@ -19,8 +19,10 @@ from servesim import rundir
 from servesim.agentic import report as agentic_report
 from servesim.agentic.lanes import AgenticReplay
 from servesim.cluster.base import total_workers
+from servesim.config.derived import role_engines
 from servesim.config.plan import Plan, make_plan
 from servesim.config.schema import RunConfig
+from servesim.engine.speculative import speculative_settings
 from servesim.metrics.summary import routing_summary, summarize, tier_summary, wall_summary
 from servesim.metrics.tables import (
     kv_events_table,
@@ -197,6 +199,8 @@ def collect(
         "llm": cfg.llm.name,
         "hardware": cfg.hardware.name,
         "engine": cfg.engine.kind,
+        # speculative decoding as used: k, the rates after padding, the seed (None: off)
+        "speculative": _speculative(cfg),
         "timing": cfg.timing.kind,
         "topology": cfg.topology.kind,
         "num_workers": total_workers(cfg),
@@ -237,3 +241,13 @@ def collect(
         plays,
         plan,
     )
+
+
+def _speculative(cfg: RunConfig) -> dict[str, Any] | None:
+    """The speculative decoding settings of the run's engine (per role in P/D), or None when
+    no engine speculates."""
+    engines = role_engines(cfg)
+    if cfg.topology.kind != "disagg":
+        return speculative_settings(engines["aggregated"])
+    used = {role: speculative_settings(e) for role, e in engines.items()}
+    return None if all(v is None for v in used.values()) else used

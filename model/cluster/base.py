@@ -11,9 +11,12 @@ from collections.abc import Callable
 import simpy
 
 from servesim.cluster.tier_builder import TierBuilder
+from servesim.config.errors import ConfigError
 from servesim.config.plan import Plan
 from servesim.config.schema import EngineConfig, RunConfig
 from servesim.engine.registry import scheduler_class
+from servesim.engine.speculative import burst_sampler
+from servesim.engine.vllm import VllmScheduler
 from servesim.engine.worker import Worker
 from servesim.kv.events import KvEventBus
 from servesim.metrics.recorder import COMPLETED, REJECTED, Recorder
@@ -105,6 +108,13 @@ class ClusterBase:
         group = self.group_blocks(engine) if grouped else 1
         fast = self.cfg.speed.fast_forward and not self.tiers.enabled
         policy = scheduler_class(engine.kind)
+        speculative = engine.speculative.num_speculative_tokens is not None
+        if speculative and not (isinstance(policy, type) and issubclass(policy, VllmScheduler)):
+            raise ConfigError(
+                f"engine.speculative.num_speculative_tokens: speculative decoding is modelled "
+                f"on vLLM's passes (engine.kind=vllm, or a policy built on VllmScheduler); "
+                f"engine.kind={engine.kind} does not draw bursts"
+            )
         for k in range(n_workers):
             scheds = [
                 policy(
@@ -116,6 +126,11 @@ class ClusterBase:
                 )
                 for _ in range(engine.dp_size)
             ]
+            if speculative:
+                for dp_rank, sched in enumerate(scheds):
+                    # its burst draws, seeded by the rank's scheduler id in this pool
+                    assert isinstance(sched, VllmScheduler)
+                    sched.speculator = burst_sampler(engine, k * engine.dp_size + dp_rank)
             args = (self.env, k, scheds, step_time, self.recorder, on_complete, self._rejected)
             n, worker_name, order = total_workers(self.cfg), f"cluster.{name}{k}", first + k
             worker = (

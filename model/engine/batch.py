@@ -21,6 +21,10 @@ class Batch:
     landings of the stores to G2 this pass must wait for before it computes: those of the
     requests it preempted (vLLM flushes a preempted request's stores before reusing its
     blocks) and those still reading a cached block it evicted.
+
+    With speculative decoding, `bursts` are the requests that caught up this pass, in running
+    order, each with the tokens it emits at the pass end (drawn as the pass was formed); None
+    when speculation is off (one token each).
     """
 
     __slots__ = (
@@ -37,6 +41,7 @@ class Batch:
         "rejected",
         "fences",
         "stores",
+        "bursts",
     )
 
     def __init__(self) -> None:
@@ -53,3 +58,4 @@ class Batch:
         self.rejected: list[tuple[Request, str]] = []
         self.fences: list[Any] = []  # simpy events (the scheduler itself knows no SimPy)
         self.stores: list[Any] = []  # copies to G2 prepared as the pass was formed (KV tiers)
+        self.bursts: list[tuple[Request, int]] | None = None  # speculative decoding only

@@ -13,6 +13,7 @@ from mypy_extensions import mypyc_attr
 
 from servesim.config.schema import EngineConfig
 from servesim.engine.batch import Batch
+from servesim.engine.speculative import BurstSampler
 from servesim.kv.pool_base import Pool
 from servesim.kv.tiers import RankTiers
 from servesim.workload.hashing import BlockHasher
@@ -56,6 +57,12 @@ class SchedulerBase:
         self.n_preemptions = 0
         # tokens each admission set out to compute (its sequence minus its prefix hit)
         self.n_committed_prefill_tokens = 0
+        # speculative decoding's burst draws (servesim.engine.speculative; None: off), set by
+        # the cluster that builds the rank (it knows the rank's scheduler id)
+        self.speculator: BurstSampler | None = None
+        # with it, requests that end without output in the pass in flight: they let go of
+        # their blocks as the pass is formed, and are delivered at its end
+        self.ending: list[Request] = []
 
     def enqueue(self, req: Request) -> None:
         req.status = Status.WAITING
@@ -65,8 +72,9 @@ class SchedulerBase:
         return bool(self.running or self.waiting or self.deferred)
 
     def queued(self) -> list[Request]:
-        """Every request here that is not running: waiting, or set aside."""
-        return [*self.waiting, *self.deferred]
+        """Every request here that is not running: waiting, or set aside (or, with speculative
+        decoding, ending without output in the pass in flight)."""
+        return [*self.waiting, *self.deferred, *self.ending]
 
     def _block_hash(self, req: Request, j: int) -> int:
         prompt = req.prompt_hashes
@@ -100,11 +108,16 @@ class SchedulerBase:
     def _prefix_hit(self, req: Request) -> tuple[list[int], int, int]:
         """A waiting request's known block hashes and its resident prefix: blocks, and how
         many of them are active, both short of the last known token's block when it still
-        owes output (that token is always recomputed to produce the next one)."""
+        owes output (that token is always recomputed to produce the next one), and with
+        speculative decoding one block shorter still (a hit of one block or more)."""
         hashes = self._known_hashes(req)
         hit, hit_active = self.pool.match(hashes)
         if req.num_output_tokens < req.output_length:
             cap = (req.seq_len - 1) // self.block_size
+            if self.speculator is not None and hit and cap:
+                # vLLM with a drafter (MTP, EAGLE) recomputes one more block of any prefix hit:
+                # the drafter needs the hidden states of the last matched block
+                cap = min(cap, hit) - 1
             hit = min(hit, cap)
             hit_active = min(hit_active, cap)
         return hashes, hit, hit_active
@@ -171,6 +184,77 @@ class SchedulerBase:
         batch.n_decode = n_decode
         batch.sum_decode_context = sum_ctx
         batch.active_blocks = self.pool.n_active
+
+    # ------------------------------------------------------------ speculative decoding
+
+    def _tokens_left(self, req: Request) -> int:
+        """Tokens `req` may still emit: its output, or up to max_model_len if that is nearer."""
+        left = req.output_length - req.num_output_tokens
+        max_len = self.cfg.max_model_len
+        if max_len is not None and max_len - req.seq_len < left:
+            left = max_len - req.seq_len
+        return left
+
+    def _end_without_output(self) -> None:
+        """Requests with no output whose prompt this pass completes end with it: they let go
+        of their blocks now, before the bursts are reserved (Dynamo completes them first),
+        and `finish` delivers them at the pass end (`ending`)."""
+        ended = [
+            req
+            for req in self.running
+            if req.output_length == 0 and req.num_computed_tokens == req.input_length
+        ]
+        self._leave(ended)
+        self.ending = ended
+
+    def _caught_up(self) -> list[tuple[Request, int]]:
+        """The running requests that caught up this pass and may still emit, in running order,
+        each with its widest burst: k + 1 tokens (one on a prefill worker, whose copy emits
+        only the first token), never more than it may still emit."""
+        assert self.speculator is not None
+        widest = 1 if self.role == "prefill" else self.speculator.max_tokens
+        ready = []
+        for req in self.running:
+            if req.num_computed_tokens == req.seq_len:
+                left = self._tokens_left(req)
+                if left > 0:
+                    ready.append((req, min(widest, left)))
+        return ready
+
+    def _burst_blocks(self, req: Request, tokens: int) -> int:
+        """Blocks `req` lacks to hold `tokens` more tokens than its sequence."""
+        held = len(req.held_hashes) + req.held_private_blocks
+        return -(-(req.seq_len + tokens) // self.block_size) - held
+
+    def _draw_bursts(self, batch: Batch, ready: list[tuple[Request, int]]) -> None:
+        """The bursts of the requests that caught up (`ready`, whose widest bursts' blocks fit
+        the free blocks): each takes the blocks of its widest burst (evicting cached blocks as
+        any allocation does), then its burst is drawn; it keeps the blocks of the tokens the
+        burst adds (not the last one's if that completes it) and gives the rest back empty, as
+        Dynamo reserves for the widest bursts and releases what they left unused. The pass's
+        decode part is these requests at their lengths before the burst (none on a prefill
+        worker: its one token comes with the prefill)."""
+        speculator = self.speculator
+        assert speculator is not None
+        pool = self.pool
+        for req, widest in ready:
+            pool.allocate(req, self._burst_blocks(req, widest))
+        prefill_role = self.role == "prefill"
+        bursts = []
+        sum_ctx = 0
+        for req, widest in ready:
+            burst = widest if prefill_role else speculator.draw(widest)
+            kept = burst - 1 if burst == self._tokens_left(req) else burst
+            unused = -self._burst_blocks(req, kept)
+            if unused > 0:
+                pool.n_private -= unused
+                req.held_private_blocks -= unused
+            bursts.append((req, burst))
+            sum_ctx += req.seq_len
+        batch.bursts = bursts
+        batch.n_decode = 0 if prefill_role else len(bursts)
+        batch.sum_decode_context = 0 if prefill_role else sum_ctx
+        batch.active_blocks = pool.n_active
 
     def reserve(self, req: Request) -> tuple[int, list[Any]] | None:
         """Take KV blocks for `req`'s prompt before its transfer: pin what is resident (as a
@@ -239,7 +323,10 @@ class SchedulerBase:
         """Apply a pass at its end, `end_ms`: every request that caught up emits a token,
         stamped then (`on_first_token` is told of each first token); returns the requests that
         completed. Completed requests release their blocks: zero-output ones first, then the
-        others, each in running order."""
+        others, each in running order. With speculative decoding a request emits its burst
+        (`finish_bursts`)."""
+        if batch.bursts is not None:
+            return self.finish_bursts(batch, end_ms, on_first_token)
         max_len = self.cfg.max_model_len
         zero_out: list[Request] = []
         last_token: list[Request] = []
@@ -269,3 +356,41 @@ class SchedulerBase:
         done = zero_out + last_token
         self._leave(done)
         return done
+
+    def finish_bursts(
+        self,
+        batch: Batch,
+        end_ms: float,
+        on_first_token: Callable[[Request], None] | None = None,
+    ) -> list[Request]:
+        """`finish` with speculative decoding: each request of `batch.bursts` (those that
+        caught up this pass, in running order, with the tokens drawn for them when the pass
+        was formed) emits its whole burst, every token stamped at the pass end. Its last
+        token is left to compute next pass (as a plain decode step leaves its one token);
+        the blocks the burst filled before it become cacheable."""
+        max_len = self.cfg.max_model_len
+        zero_out, self.ending = self.ending, []  # (they let go of their blocks already)
+        last_token: list[Request] = []
+        assert batch.bursts is not None
+        for req, burst in batch.bursts:
+            before = req.num_output_tokens
+            out = before + burst
+            req.num_output_tokens = out
+            if before == 0:
+                req.first_token_ms = end_ms
+                if on_first_token is not None:
+                    on_first_token(req)
+            if before < 2 <= out:
+                req.second_token_ms = end_ms
+            req.last_token_ms = end_ms
+            times = req.token_times_ms
+            if times is not None:
+                times.extend([end_ms] * burst)
+            req.num_computed_tokens = req.input_length + out - 1
+            self._register_full(req)
+            if out >= req.output_length or (
+                max_len is not None and req.input_length + out >= max_len
+            ):
+                last_token.append(req)
+        self._leave(last_token)
+        return zero_out + last_token

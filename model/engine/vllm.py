@@ -15,6 +15,8 @@ Per pass, with a budget of `max_num_batched_tokens`:
 3. Full blocks are registered at allocation time, so a later request in the same pass can hit.
 4. At pass end every request that caught up emits one token (all stamped at the pass end);
    a request with its last token (or with zero output) completes and releases its blocks.
+   With speculative decoding (`engine.speculative`) it emits a burst of up to k + 1 tokens
+   instead, its KV reserved once the pass is formed (`_reserve_bursts`).
 
 With KV tiers (`servesim.kv.tiers`), an admission whose prefix continues in G2 (or G3) leaves the
 queue while those blocks are copied to G1 (taking G1 blocks for them), and once they land it is
@@ -170,6 +172,8 @@ class VllmScheduler(SchedulerBase):
             self._summarise(batch, batch.items, 0, 0)
         else:
             self._summarise(batch, batch.others, n_steps, steps_ctx)
+        if self.speculator is not None:
+            self._reserve_bursts(batch)
         tiers = self.tiers
         if tiers is not None:
             # the copies to G2 of the prompt blocks this pass completes take their room now
@@ -177,6 +181,22 @@ class VllmScheduler(SchedulerBase):
             if pool.fenced:  # blocks taken from under a copy to G2: it waits for them to land
                 batch.fences.extend(tiers.landings(pool.take_fenced()))
         return batch
+
+    def _reserve_bursts(self, batch: Batch) -> None:
+        """Speculative decoding, once the pass is formed (Dynamo's mocker): every running
+        request that caught up verifies its drafts in the pass's decode step, a request whose
+        prefill ends in this pass included (its first token comes from that step). KV for
+        each one's widest burst is reserved at once; while it does not fit, a victim is
+        preempted as for a failed allocation (the prefill work it had in this pass stays
+        priced); requests that end without output have let go of theirs first. Then the
+        bursts are drawn (`_draw_bursts`); `finish` emits them."""
+        self._end_without_output()
+        ready = self._caught_up()
+        pool = self.pool
+        while sum(self._burst_blocks(r, widest) for r, widest in ready) > pool.free_blocks:
+            self._preempt(choose_victim(self.running, self.cfg.preemption_mode), batch)
+            ready = self._caught_up()
+        self._draw_bursts(batch, ready)
 
     def _admit(self, batch: Batch, budget: int, now_ms: float) -> None:
         """Admit waiting requests while seats, blocks and budget last: first those set aside

@@ -278,6 +278,7 @@ def replaced_methods() -> list[str]:
 
 def stretches_apply(sched: object) -> bool:
     """Whether decode stretches may stand in for `sched`'s passes: only for the shipped vLLM
-    policy as shipped. Another policy (a subclass, or a patched method) decides each pass its
-    own way, so each of its passes goes through `schedule`."""
-    return type(sched) is VllmScheduler and not replaced_methods()
+    policy as shipped, without speculative decoding (a stretch emits one token per request
+    per pass). Another policy (a subclass, or a patched method) decides each pass its own
+    way, so each of its passes goes through `schedule`."""
+    return type(sched) is VllmScheduler and sched.speculator is None and not replaced_methods()

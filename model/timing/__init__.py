@@ -26,6 +26,10 @@ def build_step_time(cfg: RunConfig, engine: EngineConfig | None = None) -> StepT
     to cfg.engine; pass a role's engine in a disagg topology)."""
     engine = engine or cfg.engine
     t = cfg.timing
+    # a decode step's tokens per sequence: k + 1 when it verifies k speculative drafts (the
+    # hardware models price them; polynomial, fixed and measured profiles charge a step)
+    drafts = engine.speculative.num_speculative_tokens
+    per_seq = 1 if drafts is None else drafts + 1
     inner: StepTime
     if isinstance(t, PolynomialTiming):
         inner = Polynomial(t)
@@ -34,10 +38,16 @@ def build_step_time(cfg: RunConfig, engine: EngineConfig | None = None) -> StepT
     elif isinstance(t, InterpolatedTiming):
         inner = Interpolated(t)
     elif isinstance(t, RooflineTiming):
-        inner = Roofline(t, cfg.llm, cfg.hardware, engine.tp_size)
+        inner = Roofline(t, cfg.llm, cfg.hardware, engine.tp_size, per_seq)
     elif isinstance(t, CalibratedRooflineTiming):
         try:
-            inner = CalibratedRoofline(cfg.llm, cfg.hardware, engine.tp_size, path=t.factors_path)
+            inner = CalibratedRoofline(
+                cfg.llm,
+                cfg.hardware,
+                engine.tp_size,
+                path=t.factors_path,
+                decode_tokens_per_seq=per_seq,
+            )
         except (ValueError, OSError) as e:
             raise ConfigError(str(e)) from None
     elif isinstance(t, AiconfiguratorTiming):

@@ -16,7 +16,9 @@ W: weight bytes, L layers, H query heads, d head dim, h hidden size, kv: KV byte
     mixed      t = t_gemm(T + B) + both t_attn + t_comm(T + B) + o_p + o_seq B
                (a pass with both parts is priced as one: its weights are read once)
 
-T is the part's new tokens (prefill) or its batch B (decode); peak_w the dense tensor rate of the
+T is the part's new tokens (prefill) or its batch B (decode; B (k + 1) with speculative
+decoding's k drafts, verified in the step: the GEMMs and all-reduce of every verified token,
+the KV read and `o_seq` once per sequence); peak_w the dense tensor rate of the
 weights' dtype (fp4, fp8, else bf16). The fitted factors, per (GPU family, weight dtype), are
 `e_c` (GEMM compute efficiency), `e_m` (HBM efficiency), `e_a` (attention efficiency), `e_ar`
 (all-reduce bandwidth efficiency: achieved / rated NVLink bytes per second; 1 if absent), `o_p`,
@@ -117,8 +119,11 @@ class CalibratedRoofline:
         tp_size: int,
         factors: dict[str, float] | None = None,
         path: str | None = None,
+        decode_tokens_per_seq: int = 1,
     ) -> None:
         self.tp = tp_size
+        # tokens a decode step computes per sequence: 1, or k + 1 verifying k drafts
+        self.decode_tokens_per_seq = decode_tokens_per_seq
         self.family = family_of(hw)
         self.dtype = weight_class(llm)
         if factors is None:
@@ -189,9 +194,10 @@ class CalibratedRoofline:
     ) -> float:
         if batch <= 0:
             return 0.0
+        tokens = batch * self.decode_tokens_per_seq
         attn = self.kv_bytes_per_token * batch * mean_context / self.bytes_per_ms
         fixed = self.f["o_d"] + _factor(self.f, "o_seq") * batch
-        return _finite(self._gemm_ms(batch) + attn + self._comm_ms(batch) + fixed, "decode")
+        return _finite(self._gemm_ms(tokens) + attn + self._comm_ms(tokens) + fixed, "decode")
 
     def mixed_ms(
         self, n: int, mean_isl: int, mean_prefix: int, batch: int, mean_context: int
@@ -200,7 +206,7 @@ class CalibratedRoofline:
         and the decode batch (the weights are read once), the attention and all-reduce terms
         of both, and the prefill part's fixed cost plus the per-sequence cost."""
         t = new_tokens(n, mean_isl, mean_prefix)
-        tokens = t + batch
+        tokens = t + batch * self.decode_tokens_per_seq
         chunk = t / n
         attn = self.attn_flops_per_pair * t * (mean_prefix + chunk / 2) / self.attn_flops_per_ms
         attn += self.kv_bytes_per_token * (n * mean_isl + batch * mean_context) / self.bytes_per_ms

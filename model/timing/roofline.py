@@ -13,6 +13,10 @@ T = n (isl - prefix) new tokens, chunk c = T / n):
     memory_efficiency),  t_comm = 2 L (tp - 1)/tp x tokens x hidden x 2 B / NVLink B/s
     t = max(t_comp, t_mem) + t_comm + overhead
 
+With speculative decoding (k drafts) a decode step verifies k + 1 tokens per sequence: the
+GEMMs, the attention flops and the all-reduce are those of n (k + 1) tokens, each attending
+over the sequence, while the weights and each sequence's KV are still read once.
+
 P_gemm excludes the embedding table (a lookup, not a GEMM); the LM head is counted. For a
 mixture of experts P_gemm counts the active parameters and W the dense part plus the experts
 the pass's tokens touch in expectation (`weight_bytes_read`). The peak is
@@ -34,10 +38,17 @@ from servesim.timing.base import new_tokens
 
 class Roofline:
     def __init__(
-        self, cfg: RooflineTiming, llm: LlmConfig, hw: HardwareConfig, tp_size: int
+        self,
+        cfg: RooflineTiming,
+        llm: LlmConfig,
+        hw: HardwareConfig,
+        tp_size: int,
+        decode_tokens_per_seq: int = 1,
     ) -> None:
         self.cfg = cfg
         self.tp = tp_size
+        # tokens a decode step computes per sequence: 1, or k + 1 verifying k drafts
+        self.decode_tokens_per_seq = decode_tokens_per_seq
         if llm.dtype in ("fp8", "int8"):
             peak_tflops = hw.fp8_tflops
         elif llm.dtype == "float32":
@@ -79,6 +90,9 @@ class Roofline:
     ) -> float:
         if batch <= 0:
             return 0.0
-        flops = batch * (self.gemm_flops_per_token + self.attn_flops_per_pair * mean_context)
-        bytes_ = weight_bytes_read(self.llm, batch) + self.kv_bytes_per_token * batch * mean_context
-        return self._part_ms(flops, bytes_, batch, self.cfg.decode_overhead_ms)
+        tokens = batch * self.decode_tokens_per_seq
+        flops = tokens * (self.gemm_flops_per_token + self.attn_flops_per_pair * mean_context)
+        bytes_ = (
+            weight_bytes_read(self.llm, tokens) + self.kv_bytes_per_token * batch * mean_context
+        )
+        return self._part_ms(flops, bytes_, tokens, self.cfg.decode_overhead_ms)

@@ -11,7 +11,9 @@ deferred admission, preemption with a store in flight (aggregated and P/D) and e
 block a store is still reading, cases zw1-zw2 an output-0 P/D delivery at an instant with
 another delivery and a spent budget with a delivered request and G2, cases zt1-zt9 the TRT-LLM
 engine (guaranteed_no_evict admission, no preemption, clamps, P/D reservations), cases zz1-zz5
-agentic replay.
+agentic replay, cases zs1-zs9 speculative decoding (bursts, first token from the first decode
+step, the prefix hit one block shorter, the burst's KV reservation with its preemptions and
+evictions, max_model_len, P/D; acceptance rates of 0 and 1 only: cases_spec.py).
 
 For every case servesim is composed from conf/ with Hydra's compose API and simulated, then:
 
@@ -182,6 +184,7 @@ KNOWN_COMMITTED = {
     "n_pd_tight_decode": PD_COMMITTED,
     "t_pd_retry_after_preemption": PD_COMMITTED,
     "zy1_host_deferred_behind_load": COMMITTED,
+    "zs8_tight_kv_lifo": COMMITTED,
 }
 
 

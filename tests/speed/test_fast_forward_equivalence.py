@@ -273,6 +273,8 @@ GENERATED = {"<sessions>": session_rows}
 # --------------------------------------------------------------------------- scenarios
 
 POLY = {"kind": "polynomial"}
+# speculative decoding with acceptance rates strictly between 0 and 1 (random bursts)
+SPEC = {"num_speculative_tokens": 2, "acceptance_rates": [0.8, 0.5], "seed": 7}
 TIERS_G1 = 24  # G1 blocks per rank under a host tier: small, so the tier is used
 HOST = {"num_host_blocks": 400, "d2h_bandwidth_gbps": 16.0, "h2d_bandwidth_gbps": 16.0}
 DISK = {"num_g3_blocks": 2000, "read_bandwidth_gbps": 4.0, "write_bandwidth_gbps": 4.0}
@@ -614,6 +616,48 @@ SCENARIOS = [
         topology=pd_topology(2, 2),
         link={"bandwidth_gbps": 5.0},
         stop={"max_virtual_time_ms": 5000.0},
+    ),
+    # speculative decoding: bursts of up to k + 1 tokens a step (no decode stretches: those
+    # emit one token a pass; chains still apply), rates strictly between 0 and 1
+    case(
+        "spec-agg2-k2",
+        CHAT,
+        ("token_times",),
+        engine={"speculative": SPEC},
+        topology={"num_workers": 2},
+        output={"per_token": True},
+    ),
+    case(
+        "spec-agg1-small-kv-preempt",
+        WAVES,
+        ("n_preemptions", "n_kv_evictions"),
+        engine={"num_gpu_blocks": 48, "speculative": dict(SPEC, num_speculative_tokens=3)},
+        topology={"num_workers": 1},
+    ),
+    case(
+        "spec-agg1-dp2-kv-max-model-len",
+        CHAT,
+        ("routing", truncated_output),
+        engine={"dp_size": 2, "max_model_len": 700, "speculative": SPEC},
+        topology={"num_workers": 1},
+        router={"kind": "kv"},
+    ),
+    case(
+        "spec-pd-1p2d-tight-decode",
+        WAVES,
+        ("transfers", "n_preemptions"),
+        engine={"speculative": SPEC},
+        topology=pd_topology(1, 2, decode={"num_gpu_blocks": 16, "max_num_seqs": 8}),
+        link={"bandwidth_gbps": 10.0},
+    ),
+    case(
+        "spec-agg2-stop-calibrated",
+        CHAT,
+        (cut_while_decoding,),
+        engine={"speculative": SPEC},
+        timing={"kind": "calibrated_roofline"},
+        topology={"num_workers": 2},
+        stop={"max_virtual_time_ms": 6000.0},
     ),
     # KV tiers below HBM (a worker with tiers steps every pass, so no event count is checked)
     case(
