@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -295,6 +296,9 @@ class MockerRunner:
     """How the mocker runs: in this interpreter, or in `python` through the runner script."""
 
     python: Path | None  # None: in-process
+    # a subprocess run's limits (None: none): a mocker that hangs on a case is stopped
+    timeout_s: float | None = None
+    memory_bytes: int | None = None
 
     def describe(self) -> str:
         return "in-process" if self.python is None else f"subprocess: {self.python}"
@@ -313,17 +317,28 @@ class MockerRunner:
         with tempfile.TemporaryDirectory(prefix="compare_dynamo_") as tmp:
             request, result = Path(tmp) / "request.json", Path(tmp) / "result.json"
             request.write_text(json.dumps({"trace_files": [str(trace)], "kwargs": kwargs}))
-            proc = subprocess.run(
-                [str(self.python), str(RUNNER), str(request), str(result)],
-                capture_output=True,
-                text=True,
-            )
+            try:
+                proc = subprocess.run(
+                    [str(self.python), str(RUNNER), str(request), str(result)],
+                    capture_output=True,
+                    text=True,
+                    timeout=self.timeout_s,
+                    preexec_fn=self._limit_memory if self.memory_bytes else None,
+                )
+            except subprocess.TimeoutExpired:
+                raise RuntimeError(
+                    f"mocker run stopped after {self.timeout_s:g} s for {trace}"
+                ) from None
             if proc.returncode != 0:
                 tail = "\n".join(proc.stderr.strip().splitlines()[-20:])
                 raise RuntimeError(
                     f"mocker run failed (exit {proc.returncode}) for {trace}:\n{tail}"
                 )
             return json.loads(result.read_text())
+
+
+    def _limit_memory(self) -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (self.memory_bytes, self.memory_bytes))
 
 
 def _runner_module() -> ModuleType:

@@ -20,6 +20,7 @@ Exit status 0 (differences are reported, not failures), 2 for bad arguments or n
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import sys
@@ -110,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         runner = cd.choose_runner(args.mocker_python)
     except RuntimeError as e:
         parser.error(str(e))
+    if runner.python is not None:  # some cases make the mocker spin: stop it, go on
+        runner = dataclasses.replace(runner, timeout_s=120.0, memory_bytes=8 << 30)
     ok = 0
     with tempfile.TemporaryDirectory(prefix="engine_fuzz_") as tmp:
         out = Path(tmp)

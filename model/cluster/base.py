@@ -16,7 +16,7 @@ from servesim.config.plan import Plan
 from servesim.config.schema import EngineConfig, RunConfig
 from servesim.engine.registry import scheduler_class
 from servesim.engine.speculative import burst_sampler
-from servesim.engine.vllm import VllmScheduler
+from servesim.engine.scheduler_base import SchedulerBase
 from servesim.engine.worker import Worker
 from servesim.kv.events import KvEventBus
 from servesim.metrics.recorder import COMPLETED, REJECTED, Recorder
@@ -109,11 +109,10 @@ class ClusterBase:
         fast = self.cfg.speed.fast_forward and not self.tiers.enabled
         policy = scheduler_class(engine.kind)
         speculative = engine.speculative.num_speculative_tokens is not None
-        if speculative and not (isinstance(policy, type) and issubclass(policy, VllmScheduler)):
+        if speculative and not getattr(policy, "draws_bursts", False):
             raise ConfigError(
-                f"engine.speculative.num_speculative_tokens: speculative decoding is modelled "
-                f"on vLLM's passes (engine.kind=vllm, or a policy built on VllmScheduler); "
-                f"engine.kind={engine.kind} does not draw bursts"
+                f"engine.speculative.num_speculative_tokens: engine.kind={engine.kind} does not "
+                "draw speculative bursts (its scheduler class sets no `draws_bursts`)"
             )
         for k in range(n_workers):
             scheds = [
@@ -129,7 +128,7 @@ class ClusterBase:
             if speculative:
                 for dp_rank, sched in enumerate(scheds):
                     # its burst draws, seeded by the rank's scheduler id in this pool
-                    assert isinstance(sched, VllmScheduler)
+                    assert isinstance(sched, SchedulerBase)
                     sched.speculator = burst_sampler(engine, k * engine.dp_size + dp_rank)
             args = (self.env, k, scheds, step_time, self.recorder, on_complete, self._rejected)
             n, worker_name, order = total_workers(self.cfg), f"cluster.{name}{k}", first + k

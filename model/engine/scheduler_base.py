@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from mypy_extensions import mypyc_attr
 
@@ -24,6 +24,11 @@ from servesim.workload.request import Request, Status
 class SchedulerBase:
     """Waiting queue, running list and G1 pool of one rank; what a pass does to them once the
     policy (a subclass's `schedule`) has decided."""
+
+    # whether the policy draws speculative bursts (`speculator`) when engine.speculative is on
+    draws_bursts: ClassVar[bool] = False
+    # whether, with speculation, a prefix hit is one block shorter (vLLM's drafter recomputes it)
+    drafter_recomputes_a_block: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -109,12 +114,12 @@ class SchedulerBase:
         """A waiting request's known block hashes and its resident prefix: blocks, and how
         many of them are active, both short of the last known token's block when it still
         owes output (that token is always recomputed to produce the next one), and with
-        speculative decoding one block shorter still (a hit of one block or more)."""
+        speculative decoding on vLLM one block shorter still (a hit of one block or more)."""
         hashes = self._known_hashes(req)
         hit, hit_active = self.pool.match(hashes)
         if req.num_output_tokens < req.output_length:
             cap = (req.seq_len - 1) // self.block_size
-            if self.speculator is not None and hit and cap:
+            if self.speculator is not None and self.drafter_recomputes_a_block and hit and cap:
                 # vLLM with a drafter (MTP, EAGLE) recomputes one more block of any prefix hit:
                 # the drafter needs the hidden states of the last matched block
                 cap = min(cap, hit) - 1

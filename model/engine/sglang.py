@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from typing import ClassVar
 
 from servesim.config.schema import EngineConfig
 from servesim.engine.batch import Batch
@@ -57,6 +58,8 @@ LPM_SHORT_MATCH_TOKENS = 32
 class SglangScheduler(SchedulerBase):
     """SGLang's policy for one rank: prefill-only or decode-only passes, reserve-then-wait
     admission, retraction of the least-decoded request under decode memory pressure."""
+
+    draws_bursts: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -282,8 +285,10 @@ class SglangScheduler(SchedulerBase):
     # ------------------------------------------------------------------ decode
 
     def _decode_step(self, batch: Batch) -> None:
-        """One decode step for every running request, after retracting what does not fit."""
-        running = self._grow(self.running, batch)
+        """One decode step for every running request, after retracting what does not fit. With
+        speculative decoding each request's widest burst is made room for first, then its
+        burst is drawn (`_draw_bursts`)."""
+        running = self._grow(self.running, batch, self._burst_width)
         items = batch.items
         sum_ctx = 0
         for req in running:
@@ -295,11 +300,47 @@ class SglangScheduler(SchedulerBase):
             items.append((req, 1, 0, req.input_length))
         batch.n_decode = len(items)
         batch.sum_decode_context = sum_ctx
+        if self.speculator is not None:
+            self._draw_bursts(batch)
 
-    def _grow(self, group: list[Request], batch: Batch) -> list[Request]:
-        """Pages for the next token of every request of `group` (all running): while they do
-        not fit and more than one is left, retract the one with the fewest decoded tokens
-        (the earliest on ties). Returns the requests that got their pages."""
+    def _burst_width(self, req: Request) -> int:
+        """Tokens one decode step may add to `req`: one, or with speculative decoding its
+        widest burst (k + 1; one on a prefill worker), never more than it may still emit."""
+        left = req.output_length - req.num_output_tokens
+        if self.speculator is None or self.role == "prefill":
+            return min(1, left)
+        return min(self.speculator.max_tokens, left)
+
+    def _draw_bursts(self, batch: Batch) -> None:
+        """Speculative decoding: each request of the step draws its burst (priced as the one
+        token of a plain step: the step's length is that of the sequences before it) and
+        keeps the pages its burst fills, every token's included; the rest of its widest
+        burst's pages go back empty. `finish` emits the bursts."""
+        speculator = self.speculator
+        assert speculator is not None
+        page = self.block_size
+        bursts = []
+        for req, *_ in batch.items:
+            left = req.output_length - req.num_output_tokens
+            burst = 1 if self.role == "prefill" else speculator.draw(left)
+            held = len(req.held_hashes) + req.held_private_blocks
+            unused = held - -(-(req.seq_len + burst) // page)
+            if unused > 0:
+                self.pool.n_private -= unused
+                req.held_private_blocks -= unused
+            bursts.append((req, burst))
+        batch.bursts = bursts
+
+    def _grow(
+        self,
+        group: list[Request],
+        batch: Batch,
+        width: Callable[[Request], int] = lambda req: 1,
+    ) -> list[Request]:
+        """Pages for the next tokens of every request of `group` (all running; `width(req)` of
+        them, one by default): while they do not fit and more than one is left, retract the
+        one with the fewest decoded tokens (the earliest on ties). Returns the requests that
+        got their pages."""
         pool = self.pool
         page = self.block_size
         retracted: list[Request] = []
@@ -308,7 +349,7 @@ class SglangScheduler(SchedulerBase):
             for req in group:
                 if req.num_output_tokens < req.output_length:
                     held = len(req.held_hashes) + req.held_private_blocks
-                    need += max(0, -(-(req.seq_len + 1) // page) - held)
+                    need += max(0, -(-(req.seq_len + width(req)) // page) - held)
             if need <= pool.free_blocks or len(group) <= 1:
                 break
             victim = min(group, key=lambda r: r.num_output_tokens)
@@ -321,16 +362,17 @@ class SglangScheduler(SchedulerBase):
             if req.num_output_tokens >= req.output_length:
                 continue
             held = len(req.held_hashes) + req.held_private_blocks
-            grow = -(-(req.seq_len + 1) // page) - held
+            tokens = req.seq_len + width(req)
+            grow = -(-tokens // page) - held
             if grow > 0 and not pool.allocate(req, grow):
                 # alone, and longer than the whole pool can hold
                 self._retract(req, batch)
                 group = [r for r in group if r is not req]
-                pages = -(-(req.seq_len + 1) // page)
+                pages = -(-tokens // page)
                 batch.rejected.append(
                     (
                         req,
-                        f"sequence of {req.seq_len + 1} tokens needs {pages} KV blocks; "
+                        f"sequence of {tokens} tokens needs {pages} KV blocks; "
                         f"the pool holds {pool.capacity_blocks}",
                     )
                 )

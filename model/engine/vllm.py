@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from typing import ClassVar
 
 from mypy_extensions import mypyc_attr
 
@@ -63,6 +64,9 @@ def choose_victim(running: list[Request], mode: str) -> Request:
 @mypyc_attr(allow_interpreted_subclasses=True)
 class VllmScheduler(SchedulerBase):
     """vLLM v1's policy for one rank: running requests first, then FIFO admission."""
+
+    draws_bursts: ClassVar[bool] = True
+    drafter_recomputes_a_block: ClassVar[bool] = True
 
     def _allocate(self, req: Request, batch: Batch, target: int) -> int:
         """Blocks so `req` covers `target` tokens, preempting victims while they do not fit.
