@@ -336,9 +336,10 @@ class MockerRunner:
                 )
             return json.loads(result.read_text())
 
-
     def _limit_memory(self) -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (self.memory_bytes, self.memory_bytes))
+        limit = self.memory_bytes
+        assert limit is not None
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
 def _runner_module() -> ModuleType:

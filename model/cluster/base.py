@@ -15,8 +15,8 @@ from servesim.config.errors import ConfigError
 from servesim.config.plan import Plan
 from servesim.config.schema import EngineConfig, RunConfig
 from servesim.engine.registry import scheduler_class
-from servesim.engine.speculative import burst_sampler
 from servesim.engine.scheduler_base import SchedulerBase
+from servesim.engine.speculative import burst_sampler
 from servesim.engine.worker import Worker
 from servesim.kv.events import KvEventBus
 from servesim.metrics.recorder import COMPLETED, REJECTED, Recorder

@@ -107,9 +107,10 @@ class DisaggCluster(ClusterBase):
         # decode rank, or in transfer), by request index
         self.between_pools: dict[int, Request] = {}
         self.prefill_copies: dict[int, Request] = {}  # by request index, until handed off
-        # SGLang reserves the destination first: the decode rank is chosen and takes KV for the
-        # prompt as the request arrives, while it is prefilled (vLLM and TRT-LLM: after it is);
-        # the handoff's transfer then waits for its prefill too (events by request index)
+        # SGLang reserves the destination first: the decode rank is chosen as the request
+        # arrives and the request is prefilled once that rank has taken KV for its prompt (vLLM
+        # and TRT-LLM: a decode rank is sought after the prefill); the handoff's transfer then
+        # waits for its prefill (events by request index)
         self.destination_first = engines["decode"].kind == "sglang"
         self.prefilled: dict[int, simpy.Event] = {}
 
@@ -154,27 +155,31 @@ class DisaggCluster(ClusterBase):
     # ------------------------------------------------------------------ arrival
 
     def dispatch(self, req: Request) -> None:
-        """A request arrives now: its prefill copy goes to the prefill worker the router picks."""
+        """A request arrives now: its prefill copy goes to the prefill worker the router picks
+        (destination first: to the decode router, to reserve KV on a decode rank first)."""
         self.arrive(req)
-        self.after_frontend(req, self.prefill_router.submit)
+        if self.destination_first:
+            self.after_frontend(req, self._reserve_first)
+        else:
+            self.after_frontend(req, self.prefill_router.submit)
+
+    def _reserve_first(self, req: Request) -> None:
+        """SGLang: the decode router picks a rank for the request as it arrives; once that rank
+        has reserved KV for the prompt, the handoff sends it to the prefill router."""
+        reason = self._never_fits_decode(req)
+        if reason:  # no decode rank could ever reserve its prompt
+            self.end(req, REJECTED, reason)
+            return
+        self.prefilled[req.idx] = self.env.event()
+        self.between_pools[req.idx] = req
+        self.decode_router.submit(req)
 
     def _to_prefill(self, req: Request, worker: int, rank: int) -> None:
         req.prefill_worker_idx = worker
         req.prefill_dp_rank = rank
-        if self.destination_first:
-            reason = self._never_fits_decode(req)
-            if reason:  # no decode rank could ever reserve its prompt
-                self.prefill_router.prefill_done(req)
-                self.prefill_router.finished(req)
-                self.end(req, REJECTED, reason)
-                return
         copy = req.prefill_copy()
         self.prefill_copies[req.idx] = copy
         self.prefill[worker].submit(copy, rank)
-        if self.destination_first:
-            self.prefilled[req.idx] = self.env.event()
-            self.between_pools[req.idx] = req
-            self.decode_router.submit(req)
 
     def _admitted(self, req: Request, reused_tokens: int, now_ms: float) -> None:
         parent = req.parent
@@ -217,7 +222,7 @@ class DisaggCluster(ClusterBase):
         self.decode_router.submit(req)  # its load-only cost never makes a request wait
 
     def _to_decode(self, req: Request, w: int, r: int) -> None:
-        copy = self.prefill_copies.pop(req.idx)
+        copy = None if self.destination_first else self.prefill_copies.pop(req.idx)
         req.worker_idx, req.dp_rank = w, r
         dest = self.destinations[(w, r)]
         self._accepted += 1

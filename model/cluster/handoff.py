@@ -25,6 +25,7 @@ from servesim.cluster.reservation import Reservations
 from servesim.engine.worker import Worker
 from servesim.kv.link import Link
 from servesim.metrics.recorder import COMPLETED, Recorder
+from servesim.router import Router
 from servesim.workload.request import Request
 
 
@@ -35,6 +36,8 @@ class PdCluster(Protocol):
     recorder: Recorder
     prefill: list[Worker]
     between_pools: dict[int, Request]  # prefill done, decode not begun (by request index)
+    prefill_copies: dict[int, Request]  # prefill copies until handed off (by request index)
+    prefill_router: Router
     awaiting_link: set[int]  # reserved, transfer not on its link yet (by request index)
     transfer_bytes_per_token: int
     state_bytes: int  # moved once per request on top of its KV
@@ -45,7 +48,7 @@ class PdCluster(Protocol):
 
 def handoff(
     cluster: PdCluster,
-    copy: Request,
+    copy: Request | None,
     req: Request,
     reserved: simpy.Event,
     dest: Reservations,
@@ -53,12 +56,16 @@ def handoff(
 ) -> Generator[simpy.Event, None, None]:
     """The life of `req` between the pools: `copy` (its prefill copy) finished and holds its KV
     on the source; `reserved` fires once the decode rank `dest` has taken KV for it. SGLang
-    reserves first: the handoff starts as the request arrives, and `prefilled` fires when its
-    prefill copy has finished."""
-    source = cluster.prefill[req.prefill_worker_idx]
+    reserves first: the handoff starts as the request arrives (no copy yet), the request goes
+    to the prefill router once the reservation is made, and `prefilled` fires when its prefill
+    copy has finished."""
     yield reserved  # the decode rank took KV blocks for the prompt
-    if prefilled is not None:
-        yield prefilled  # (destination first) the source holds the prompt's KV
+    if prefilled is not None:  # (destination first) now it is prefilled
+        cluster.prefill_router.submit(req)
+        yield prefilled  # the source holds the prompt's KV
+        copy = cluster.prefill_copies.pop(req.idx)
+    assert copy is not None
+    source = cluster.prefill[req.prefill_worker_idx]
     link = cluster.link(req.prefill_worker_idx, dest.worker.idx)
     n_bytes = req.transfer_tokens * cluster.transfer_bytes_per_token + cluster.state_bytes
     landed = link.submit(req.request_id, n_bytes, req.transfer_tokens, "pd")

@@ -51,6 +51,8 @@ MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
 NEW_TOKEN_RATIO_DECAY_PASSES = 600
 # lpm: ordered only while at most this many wait; a short match whose first 32 tokens repeat
 # another waiting request's goes behind (they would share it once the first is computed)
+# after a retraction new_token_ratio is re-estimated with this many steps' room per survivor
+RETRACT_DECODE_STEPS = 20
 LPM_MAX_WAITING = 128
 LPM_SHORT_MATCH_TOKENS = 32
 
@@ -85,6 +87,7 @@ class SglangScheduler(SchedulerBase):
             self.init_new_token_ratio - min_ratio
         ) / NEW_TOKEN_RATIO_DECAY_PASSES
         self.new_token_ratio = self.init_new_token_ratio
+        self.ratio_after_retraction = self.init_new_token_ratio
         self.decode_passes_owed = 0  # decode-only passes still due (prefill_decode_interval)
         self.n_retractions = 0
         pool.share_duplicates = True  # a radix cache holds each content once
@@ -107,11 +110,14 @@ class SglangScheduler(SchedulerBase):
             if self.decode_passes_owed:
                 self.decode_passes_owed -= 1
             self._decode_step(batch)
-        if memory_short or batch.n_preempted:
+        if batch.n_preempted:
+            self.new_token_ratio = self.ratio_after_retraction
+        elif memory_short:
             self.new_token_ratio = self.init_new_token_ratio
-        self.new_token_ratio = max(
-            self.new_token_ratio - self.new_token_ratio_step, self.min_new_token_ratio
-        )
+        elif not batch.items or batch.n_decode:
+            self.new_token_ratio = max(
+                self.new_token_ratio - self.new_token_ratio_step, self.min_new_token_ratio
+            )
         batch.active_blocks = self.pool.n_active
         return batch
 
@@ -145,7 +151,7 @@ class SglangScheduler(SchedulerBase):
             sum(min(r.output_length - r.num_output_tokens, clip) for r in running)
             * self.new_token_ratio
         )
-        rem_total = (pool.free_blocks * page - self._page_slack()) - reserved
+        rem_total = pool.free_blocks * page - reserved
         rem_input = self.max_prefill_tokens
         rem_chunk = self.chunked_prefill_size
         seats = self.cfg.max_num_seqs - len(running)
@@ -178,9 +184,9 @@ class SglangScheduler(SchedulerBase):
             last_chunk = chunk == extend
             reserve = min(req.output_length - req.num_output_tokens, clip) if last_chunk else 0
             if charged + reserve >= rem_total:
-                if running or batch.items:
-                    break
-                # nothing runs and nothing else holds pages: it will never fit
+                if running or batch.items or self._pages_held_by_others(req):
+                    break  # it waits for them to finish (or a P/D reservation to run)
+                # nothing else holds pages: it will never fit
                 waiting.popleft()
                 self.pool.release(req)
                 batch.rejected.append(
@@ -218,10 +224,11 @@ class SglangScheduler(SchedulerBase):
                 partial = req
             if rem_chunk <= 0:
                 break
-        for req, *_ in batch.items:
-            # what the pass computes joins the prefix cache after admission: a prompt admitted
-            # behind another in the same pass does not reuse its pages (unlike vLLM)
-            self._register_full(req)
+        if self.role != "prefill":  # (a prefill worker's prompts join it on release)
+            for req, *_ in batch.items:
+                # what the pass computes joins the prefix cache after admission: a prompt
+                # admitted behind another in the same pass does not reuse its pages (unlike vLLM)
+                self._register_full(req)
         if partial is not None:
             waiting.appendleft(partial)
         running.extend(finished)
@@ -252,7 +259,10 @@ class SglangScheduler(SchedulerBase):
         return slack
 
     def _summarise_prefill(self, batch: Batch) -> None:
-        """A prefill pass is priced by its chunks alone: no decode part."""
+        """A prefill pass is priced by its chunks alone: no decode part. A decode worker
+        prices none (a retracted request's recompute there is free, as in the mocker)."""
+        if self.role == "decode":
+            return
         n = len(batch.items)
         batch.n_prefill = n
         batch.sum_prefill_isl = sum(before + tokens for _, _, tokens, before in batch.items)
@@ -287,12 +297,14 @@ class SglangScheduler(SchedulerBase):
     def _decode_step(self, batch: Batch) -> None:
         """One decode step for every running request, after retracting what does not fit. With
         speculative decoding each request's widest burst is made room for first, then its
-        burst is drawn (`_draw_bursts`)."""
+        burst is drawn (`_draw_decode_bursts`)."""
         running = self._grow(self.running, batch, self._burst_width)
         items = batch.items
         sum_ctx = 0
+        ended = []  # delivered with nothing to decode (P/D, no output): done at the pass end
         for req in running:
             if req.num_output_tokens >= req.output_length:
+                ended.append(req)
                 continue
             sum_ctx += req.seq_len
             req.num_computed_tokens = req.seq_len
@@ -301,7 +313,11 @@ class SglangScheduler(SchedulerBase):
         batch.n_decode = len(items)
         batch.sum_decode_context = sum_ctx
         if self.speculator is not None:
-            self._draw_bursts(batch)
+            self._draw_decode_bursts(batch)
+            self._leave(ended)
+            self.ending = ended
+        else:
+            items.extend((req, 0, 0, req.input_length) for req in ended)
 
     def _burst_width(self, req: Request) -> int:
         """Tokens one decode step may add to `req`: one, or with speculative decoding its
@@ -311,7 +327,7 @@ class SglangScheduler(SchedulerBase):
             return min(1, left)
         return min(self.speculator.max_tokens, left)
 
-    def _draw_bursts(self, batch: Batch) -> None:
+    def _draw_decode_bursts(self, batch: Batch) -> None:
         """Speculative decoding: each request of the step draws its burst (priced as the one
         token of a plain step: the step's length is that of the sequences before it) and
         keeps the pages its burst fills, every token's included; the rest of its widest
@@ -356,8 +372,16 @@ class SglangScheduler(SchedulerBase):
             group = [r for r in group if r is not victim]
             self._retract(victim, batch)
             retracted.append(victim)
-        # back to the head of the queue, the first retracted first
-        self.waiting.extendleft(reversed(retracted))
+        # to the back of the queue (SGLang re-queues them), the first retracted first
+        self.waiting.extend(retracted)
+        if retracted:
+            # SGLang re-estimates new_token_ratio from the survivors: what they decoded plus
+            # 20 steps each, over their whole outputs
+            decoded = sum(r.num_output_tokens for r in group)
+            outputs = sum(r.output_length for r in group)
+            self.ratio_after_retraction = min(
+                1.0, (decoded + RETRACT_DECODE_STEPS * len(group)) / (outputs + 1)
+            )
         for req in group:
             if req.num_output_tokens >= req.output_length:
                 continue
@@ -365,18 +389,34 @@ class SglangScheduler(SchedulerBase):
             tokens = req.seq_len + width(req)
             grow = -(-tokens // page) - held
             if grow > 0 and not pool.allocate(req, grow):
-                # alone, and longer than the whole pool can hold
+                # alone in `group`: pages held elsewhere (a chunked prompt waiting to go on, a
+                # P/D reservation) leave it no room; it waits in the queue for them
                 self._retract(req, batch)
                 group = [r for r in group if r is not req]
                 pages = -(-tokens // page)
-                batch.rejected.append(
-                    (
-                        req,
-                        f"sequence of {tokens} tokens needs {pages} KV blocks; "
-                        f"the pool holds {pool.capacity_blocks}",
+                if pages <= pool.capacity_blocks:
+                    self.waiting.append(req)
+                else:  # longer than the whole pool can hold
+                    batch.rejected.append(
+                        (
+                            req,
+                            f"sequence of {tokens} tokens needs {pages} KV blocks; "
+                            f"the pool holds {pool.capacity_blocks}",
+                        )
                     )
-                )
         return group
+
+    def _pages_held_by_others(self, req: Request) -> bool:
+        """Whether requests other than `req` hold pages here (waiting chunked prompts, P/D
+        reservations): a request that does not fit yet may once they let go."""
+        own = len(req.held_hashes) + req.held_private_blocks
+        return self.pool.capacity_blocks - self.pool.free_blocks > own
+
+    def release_held(self, req: Request) -> None:
+        """A prefill worker's prompt joins its prefix cache only when the transfer has taken
+        its KV (SGLang caches a disaggregated prefill once it is sent)."""
+        self._register_full(req)
+        self.pool.release(req)
 
     def _retract(self, req: Request, batch: Batch) -> None:
         """Retraction: `req` gives its pages back (what it computed stays in the prefix cache);

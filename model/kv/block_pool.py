@@ -216,6 +216,7 @@ class BlockPool(PoolBase):
         existing = self._oldest(h)
         if existing is not None and self.share_duplicates:
             self.acquire(req, [existing])  # the request's own block goes back
+            self.generation += 1  # (a block was freed)
             return
         if existing is None:
             key: Key = h
