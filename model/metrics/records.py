@@ -286,9 +286,10 @@ REQUEST_RECORD: tuple[Field, ...] = (
         "int",
         "",
         (
-            "times a scheduler admitted it (moved it from waiting to running). P/D: its prefill "
-            "copy's admissions plus its decode worker's, where taking in its delivered KV is one"
-            " (2 without preemption, as the mocker's `admission_count`); 0 if never admitted"
+            "times a scheduler admitted it (moved it from waiting to running); 0 if never. P/D: "
+            "its prefill copy's admissions plus its decode worker's, where taking in its "
+            "delivered KV is one, so 2 without preemption (the mocker's `admission_count`, but "
+            "for a request of no output: the decode worker settles it without an admission)"
         ),
     ),
     Field(
