@@ -20,7 +20,8 @@ from servesim import simulate
 
 FIXED = {"kind": "fixed", "prefill_ms": 10.0, "decode_ms": 1.0}
 COUNTS = ("n_preemptions", "n_retractions", "n_readmissions")
-PER_REQUEST = ["request_id", "n_preemptions", "n_admissions", "n_readmissions", "terminal_ms"]
+# per request: its counts, then when it ended
+PER_REQUEST = ["n_preemptions", "n_admissions", "n_readmissions", "terminal_ms"]
 
 
 def row(t, n_in, n_out, ids):
@@ -54,7 +55,9 @@ def run(config, trace, rows, eng, topology=None, trace_block_size=100):
 
 
 def per_request(result):
-    return result.requests[PER_REQUEST].to_dict("records")
+    """{request id: [n_preemptions, n_admissions, n_readmissions, terminal_ms]}"""
+    req = result.requests
+    return dict(zip(req.request_id, req[PER_REQUEST].values.tolist(), strict=True))
 
 
 def counts(result):
@@ -105,22 +108,7 @@ def test_sglang_retracts_the_least_decoded_and_readmits_it(config, trace):
     readmitted at 29 ms, recomputes in one prefill pass (29-39, its 11th token) and decodes its
     last 9 tokens by 48 ms."""
     r = run(config, trace, [A, B], engine("sglang"))
-    assert per_request(r) == [
-        {
-            "request_id": "1",
-            "n_preemptions": 1,
-            "n_admissions": 2,
-            "n_readmissions": 1,
-            "terminal_ms": 48.0,
-        },
-        {
-            "request_id": "2",
-            "n_preemptions": 0,
-            "n_admissions": 1,
-            "n_readmissions": 0,
-            "terminal_ms": 29.0,
-        },
-    ]
+    assert per_request(r) == {"1": [1, 2, 1, 48.0], "2": [0, 1, 0, 29.0]}
     assert counts(r) == {"n_preemptions": 1, "n_retractions": 1, "n_readmissions": 1}
     retracting = r.passes[r.passes.preemptions > 0]
     assert retracting[["start_ms", "decode_seqs", "preemptions"]].values.tolist() == [[19, 1, 1]]
@@ -132,22 +120,7 @@ def test_vllm_preempts_the_last_admitted_and_readmits_it(config, trace):
     needs 2 and none is free: B, admitted last, is preempted (LIFO); it is no retraction. A
     ends at 29 ms; B is readmitted then onto its cached blocks and ends 9 tokens later."""
     r = run(config, trace, [A, B], engine("vllm"))
-    assert per_request(r) == [
-        {
-            "request_id": "1",
-            "n_preemptions": 0,
-            "n_admissions": 1,
-            "n_readmissions": 0,
-            "terminal_ms": 29.0,
-        },
-        {
-            "request_id": "2",
-            "n_preemptions": 1,
-            "n_admissions": 2,
-            "n_readmissions": 1,
-            "terminal_ms": 38.0,
-        },
-    ]
+    assert per_request(r) == {"1": [0, 1, 0, 29.0], "2": [1, 2, 1, 38.0]}
     assert counts(r) == {"n_preemptions": 1, "n_retractions": 0, "n_readmissions": 1}
     assert r.passes.loc[r.passes.preemptions > 0, "start_ms"].tolist() == [20]
 
