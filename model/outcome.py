@@ -171,6 +171,8 @@ def collect(
     ranks = part.ranks
     summary["committed_prefill_tokens"] = sum(r.committed_prefill_tokens for r in ranks)
     summary["n_preemptions"] = int(requests["n_preemptions"].sum())
+    summary["n_retractions"] = sum(r.retractions for r in ranks)
+    summary["n_readmissions"] = int(requests["n_readmissions"].sum())
     summary["n_kv_evictions"] = sum(r.evictions for r in ranks)
     summary["n_passes"] = recorder.n_passes
     skipped = part.skipped

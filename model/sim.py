@@ -159,6 +159,7 @@ def _replay(plan: Plan, part: tuple[int, int] | None = None) -> Replay:
         per_token=cfg.output.per_token,
         keep_kv_events=cfg.output.kv_events,
         pass_table=cfg.output.pass_table,
+        engines={role: engine.kind for role, engine in plan.engines.items()},
     )
     cluster_type = DisaggCluster if cfg.topology.kind == "disagg" else AggregatedCluster
     cluster = cluster_type(env, plan, hasher, recorder, streams["router"])

@@ -184,6 +184,7 @@ class DisaggCluster(ClusterBase):
     def _admitted(self, req: Request, reused_tokens: int, now_ms: float) -> None:
         parent = req.parent
         if parent is not None:  # a prefill admission
+            parent.n_prefill_admissions = req.n_admissions
             if req.n_admissions == 1:
                 parent.prefill_admit_ms = parent.first_admit_ms = now_ms
                 parent.first_admission_reused_tokens = reused_tokens

@@ -92,9 +92,16 @@ class Recorder:
     """Every row of a run, appended as it happens (see the module docstring)."""
 
     def __init__(
-        self, per_token: bool = False, keep_kv_events: bool = True, pass_table: bool = True
+        self,
+        per_token: bool = False,
+        keep_kv_events: bool = True,
+        pass_table: bool = True,
+        engines: dict[str, str] | None = None,
     ) -> None:
         self.per_token = per_token
+        # each role's engine kind ({"aggregated": kind}, or "prefill" and "decode"): the
+        # tables' `engine` column (null for a role not named here)
+        self.engines = dict(engines or {})
         # KV events (heard from the cluster's KV event bus) go to the table only when asked for
         self.keep_kv_events = keep_kv_events
         # without the passes table, passes are only counted

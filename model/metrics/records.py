@@ -4,7 +4,8 @@
 one-line meaning (the column table of docs/metrics.md, checked by tests/unit/test_records.py)
 and its name in `requests.jsonl` (the mocker's per-request field name) where it is exported.
 The recorder's storage (`REQUEST_FIELDS`), the table's dtypes (`REQUEST_DTYPES`) and the JSONL
-records (`jsonl_records`) are derived from it; `request_row` builds the row in the same order.
+records (`jsonl_records`) are derived from it; `request_row` builds the row in the same order,
+but for the engine, the same in every row of a run, which the table fills in.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ class Field:
     coded: bool = False  # a few distinct values: stored as a code per row
     # nullable int: recorded raw, NA in the table where this column is negative (-1: none)
     null_where: str | None = None
+    # False: one value for every row of a run (the engine), filled in when the table is built
+    recorded: bool = True
 
     @property
     def dtype(self) -> str:
@@ -258,12 +261,45 @@ REQUEST_RECORD: tuple[Field, ...] = (
         ),
     ),
     Field(
+        "engine",
+        "str",
+        "",
+        (
+            "the engine that served it, `engine.kind`: `vllm`, `sglang`, `trtllm` or a "
+            "plug-in's name; the same in every row of a run (P/D: both pools run `engine.kind`, "
+            "as `topology.prefill` and `topology.decode` override an engine's settings, not its"
+            " kind)"
+        ),
+        recorded=False,
+    ),
+    Field(
         "n_preemptions",
         "int",
         "",
         (
-            "times it was preempted (recompute). P/D: on either side (its prefill copy's "
-            "preemptions count here too)"
+            "times it was preempted (recompute; with `engine=sglang`, retracted). P/D: on either "
+            "side (its prefill copy's preemptions count here too)"
+        ),
+    ),
+    Field(
+        "n_admissions",
+        "int",
+        "",
+        (
+            "times a scheduler admitted it (moved it from waiting to running); 0 if never. P/D: "
+            "its prefill copy's admissions plus its decode worker's, where taking in its "
+            "delivered KV is one, so 2 without preemption (the mocker's `admission_count`, but "
+            "for a request of no output: the decode worker settles it without an admission)"
+        ),
+    ),
+    Field(
+        "n_readmissions",
+        "int",
+        "",
+        (
+            "admissions after a preemption or retraction: on each side (P/D: prefill, decode) "
+            "its admissions after the first. A completed request has `n_readmissions = "
+            "n_preemptions`; one cut off or rejected after a preemption may have fewer"
         ),
     ),
     Field(
@@ -371,7 +407,8 @@ REQUEST_RECORD: tuple[Field, ...] = (
     ),
 )
 
-REQUEST_COLUMNS = {f.name: f.storage for f in REQUEST_RECORD}
+# what the recorder stores per row (the engine is not: see Field.recorded)
+REQUEST_COLUMNS = {f.name: f.storage for f in REQUEST_RECORD if f.recorded}
 # the rows as recorded: the request's trace index first (the table's sort key, not a column)
 REQUEST_FIELDS = {"_idx": "q", **REQUEST_COLUMNS}
 # nullable int columns (pandas Int64): stored as the request's raw value and NA in the table
@@ -389,6 +426,9 @@ def request_row(req: Request, status: str, now_ms: float, reason: str) -> tuple:
     field of REQUEST_RECORD, in order. The nullable ints go in raw (-1: none)."""
     n = req.num_output_tokens
     first = req.first_token_ms
+    # admissions per side (aggregated: one side; P/D: the prefill copy's, then the decode's)
+    decode_admissions = req.n_admissions
+    prefill_admissions = req.n_prefill_admissions
     host = req.host_reused_input_tokens
     disk = req.disk_reused_input_tokens
     return (
@@ -417,6 +457,8 @@ def request_row(req: Request, status: str, now_ms: float, reason: str) -> tuple:
         req.worker_idx,  # decode_worker_idx
         req.dp_rank,
         req.n_preemptions,
+        prefill_admissions + decode_admissions,  # n_admissions
+        max(prefill_admissions - 1, 0) + max(decode_admissions - 1, 0),  # n_readmissions
         status,
         reason,
         req.prefill_dp_rank,

@@ -11,7 +11,12 @@ import pyarrow as pa
 from servesim.metrics.columns import Columns
 from servesim.metrics.passes import ROLES
 from servesim.metrics.recorder import KV_EVENT_COLUMNS, ROUTING_COLUMNS, TRANSFER_COLUMNS, Recorder
-from servesim.metrics.records import NULL_WHERE_NEGATIVE, REQUEST_COLUMNS, REQUEST_DTYPES
+from servesim.metrics.records import (
+    NULL_WHERE_NEGATIVE,
+    REQUEST_COLUMNS,
+    REQUEST_DTYPES,
+    REQUEST_RECORD,
+)
 
 # pandas' default text dtype (pandas 3 with pyarrow): what it infers for a column of str
 STR = pd.StringDtype("pyarrow", na_value=np.nan)
@@ -20,9 +25,12 @@ STR = pd.StringDtype("pyarrow", na_value=np.nan)
 def requests_table(rec: Recorder) -> pd.DataFrame:
     """One row per request, in trace order (records arrive in terminal order)."""
     store = rec.requests
+    # the engine that served a request: the decode pool's in P/D (both pools run one kind)
+    engine = rec.engines.get("decode", rec.engines.get("aggregated"))
     if not len(store):  # pandas' frame of no records (object columns but the typed ones)
-        empty = pd.DataFrame.from_records([], columns=list(store.fields))
-        return empty.drop(columns="_idx").astype(REQUEST_DTYPES)
+        empty = pd.DataFrame.from_records([], columns=[f.name for f in REQUEST_RECORD])
+        empty["engine"] = constant_strings(engine, 0)
+        return empty.astype(REQUEST_DTYPES)
     idx = store.array("_idx", copy=False)
     order = np.argsort(idx, kind="stable")
     # each column is copied once, by the reordering; pandas keeps those copies as they are
@@ -35,7 +43,9 @@ def requests_table(rec: Recorder) -> pd.DataFrame:
         cols[name] = cols[name].astype(np.int64)
     for name, mask in absent.items():
         cols[name] = pd.arrays.IntegerArray(cols[name], mask)
-    return pd.DataFrame(cols, copy=False).astype(REQUEST_DTYPES)
+    cols["engine"] = constant_strings(engine, len(idx))  # (not recorded per row)
+    table = {f.name: cols[f.name] for f in REQUEST_RECORD}  # in table order
+    return pd.DataFrame(table, copy=False).astype(REQUEST_DTYPES)
 
 
 def _apply_late(
@@ -84,18 +94,33 @@ def passes_table(rec: Recorder) -> pd.DataFrame:
     # key first)
     order = np.lexsort((seq, cols["dp_rank"], cols["worker"], cols["role"], cols["end_ms"]))
     data: dict[str, object] = {name: col[order] for name, col in cols.items()}
-    data["role"] = coded_strings(cast(np.ndarray, data["role"]), ROLES)
+    roles = cast(np.ndarray, data["role"])
+    data["role"] = coded_strings(roles, ROLES)
+    # the engine of each pass's role: each role's engine code, looked up by role code
+    engines = rec.engines
+    kinds = tuple(dict.fromkeys(engines.values()))
+    engine_of_role = np.array([kinds.index(engines[r]) if r in engines else -1 for r in ROLES])
+    data["engine"] = coded_strings(engine_of_role[roles], kinds)
     # the columns are fresh copies already: pandas need not copy them again into blocks
     return pd.DataFrame(data, copy=False)
 
 
 def coded_strings(codes: np.ndarray, names: tuple[str, ...]) -> pd.api.extensions.ExtensionArray:
-    """The text column `names[codes]` as pandas' default `str` dtype, decoded by Arrow (for
-    1.4 M passes a few times faster than a numpy string array that pandas then converts)."""
+    """The text column `names[codes]` (null where a code is negative) as pandas' default `str`
+    dtype, decoded by Arrow (for 1.4 M passes a few times faster than a numpy string array
+    that pandas then converts)."""
+    null = codes < 0
+    indices = pa.array(codes, mask=null) if null.any() else pa.array(codes)
     decoded = pa.DictionaryArray.from_arrays(
-        pa.array(codes), pa.array(names, pa.large_string())
+        indices, pa.array(names, pa.large_string())
     ).dictionary_decode()
     return pd.array(decoded, dtype=STR)
+
+
+def constant_strings(value: str | None, n: int) -> pd.api.extensions.ExtensionArray:
+    """A text column of `n` times `value` (null for None), as `coded_strings` makes one."""
+    codes = np.zeros(n, dtype=np.int8) if value is not None else np.full(n, -1, dtype=np.int8)
+    return coded_strings(codes, (value,) if value is not None else ())
 
 
 def kv_table(rec: Recorder) -> pd.DataFrame:

@@ -50,6 +50,7 @@ class RankStats:
     committed_prefill_tokens: int
     evictions: int
     capacity_blocks: int
+    retractions: int  # SGLang's; 0 for an engine that does not retract
 
 
 @dataclass
@@ -75,6 +76,7 @@ def rank_stats(cluster: ClusterBase) -> list[RankStats]:
             r.scheduler.n_committed_prefill_tokens,
             r.pool.n_evictions,
             r.pool.capacity_blocks,
+            getattr(r.scheduler, "n_retractions", 0),
         )
         for w in cluster.workers
         if replays is None or replays(w.idx)

@@ -91,6 +91,7 @@ class Request:
         "source_released_ms",
         "decode_reused_input_tokens",
         "transfer_tokens",
+        "n_prefill_admissions",  # P/D: its prefill copy's admissions (n_admissions: decode's)
         "terminal_status",
         "reason",
         "done",
@@ -166,6 +167,7 @@ class Request:
         self.source_released_ms = nan
         self.decode_reused_input_tokens = 0
         self.transfer_tokens = 0
+        self.n_prefill_admissions = 0
         self.terminal_status = ""
         self.reason = ""
         self.done: simpy.Event | None = None

@@ -26,7 +26,7 @@ from servesim.metrics.columns import Appended, Columns
 from servesim.metrics.recorder import COMPLETED, Recorder
 from servesim.metrics.records import REQUEST_DTYPES
 from servesim.metrics.summary import without_wall
-from servesim.metrics.tables import kv_table, passes_table, requests_table
+from servesim.metrics.tables import STR, kv_table, passes_table, requests_table
 from servesim.workload.request import Request
 
 FIXED = {"kind": "fixed", "prefill_ms": 10.0, "decode_ms": 1.0}
@@ -56,6 +56,8 @@ OLD_REQUEST_COLUMNS = (
     "decode_worker_idx",
     "dp_rank",
     "n_preemptions",
+    "n_admissions",
+    "n_readmissions",
     "terminal_status",
     "reason",
     "prefill_dp_rank",
@@ -103,6 +105,8 @@ def reference_row(req: Request, status: str, now_ms: float, reason: str) -> tupl
         req.worker_idx if req.worker_idx >= 0 else None,
         req.dp_rank,
         req.n_preemptions,
+        req.n_prefill_admissions + req.n_admissions,
+        max(req.n_prefill_admissions - 1, 0) + max(req.n_admissions - 1, 0),
         status,
         reason,
         req.prefill_dp_rank if req.prefill_worker_idx >= 0 else None,
@@ -117,13 +121,18 @@ def reference_row(req: Request, status: str, now_ms: float, reason: str) -> tupl
     )
 
 
-def reference_requests(rows: list[tuple], late: dict[tuple[int, str], Any]) -> pd.DataFrame:
+def reference_requests(
+    rows: list[tuple], late: dict[tuple[int, str], Any], engine: str | None = None
+) -> pd.DataFrame:
+    """The requests table from tuple rows, with `engine` in every row (null for None)."""
     df = pd.DataFrame.from_records(rows, columns=list(OLD_REQUEST_COLUMNS))
     if late:
         row = pd.Series(range(len(df)), index=df["_idx"])
         for (idx, column), value in late.items():
             df.loc[row[idx], column] = value
     df = df.sort_values("_idx", kind="stable").drop(columns="_idx").reset_index(drop=True)
+    engines = pd.array([engine if engine is not None else np.nan] * len(df), dtype=STR)
+    df.insert(df.columns.get_loc("dp_rank") + 1, "engine", engines)
     return df.astype(REQUEST_DTYPES)
 
 
@@ -193,7 +202,8 @@ def twin_run(monkeypatch: pytest.MonkeyPatch) -> Callable[..., tuple[sim.Result,
 
 
 def assert_same_tables(result: sim.Result, rec: TwinRecorder) -> None:
-    expected = reference_requests(rec.ref_requests, rec.ref_late)
+    engine = rec.engines.get("decode", rec.engines.get("aggregated"))
+    expected = reference_requests(rec.ref_requests, rec.ref_late, engine)
     pd.testing.assert_frame_equal(requests_table(rec), expected, check_exact=True)
     pd.testing.assert_frame_equal(result.requests, expected, check_exact=True)
     expected_kv = reference_kv(rec.ref_kv)

@@ -113,6 +113,7 @@ def test_the_row_puts_each_value_under_its_column():
     req.disk_reused_input_tokens, req.first_admission_reused_tokens = 32, 128
     req.prefill_worker_idx, req.prefill_dp_rank, req.worker_idx, req.dp_rank = 3, 1, 4, 2
     req.n_preemptions, req.decode_reused_input_tokens, req.transfer_tokens = 6, 16, 300
+    req.n_prefill_admissions, req.n_admissions = 2, 3  # P/D: admitted twice, then thrice
     row = dict(zip(REQUEST_FIELDS, request_row(req, "rejected", 999.0, "why"), strict=True))
     assert row == {
         "_idx": 7,
@@ -140,6 +141,8 @@ def test_the_row_puts_each_value_under_its_column():
         "decode_worker_idx": 4,
         "dp_rank": 2,
         "n_preemptions": 6,
+        "n_admissions": 5,
+        "n_readmissions": 3,  # (2 - 1) + (3 - 1)
         "terminal_status": "rejected",
         "reason": "why",
         "prefill_dp_rank": 1,
