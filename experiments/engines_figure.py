@@ -47,7 +47,9 @@ def default_trace() -> Path:
     return Path(os.environ.get("SERVESIM_SHARED_TRACES", beside)) / "conversation_trace.jsonl"
 
 
-def run_engine(engine: str, trace: Path, max_requests: int, kv_tokens: int, extra: list[str]) -> Result:
+def run_engine(
+    engine: str, trace: Path, max_requests: int, kv_tokens: int, extra: list[str]
+) -> Result:
     """One replay of the trace's first `max_requests` rows with `engine`, `kv_tokens` of KV per
     rank."""
     blocks = kv_tokens // BLOCK_SIZE[engine]
