@@ -192,7 +192,9 @@ def test_the_docs_scenario_prints_what_the_docs_show(capsys):
     """docs/schedulers.md#trt-llm: its script, run as written, prints the pass history shown
     under it."""
     doc = (Path(__file__).resolve().parents[2] / "docs" / "schedulers.md").read_text()
-    section = doc[doc.index("\n## TRT-LLM") :]
+    start = doc.index("\n## TRT-LLM")
+    end = doc.find("\n## ", start + 1)
+    section = doc[start : end if end >= 0 else len(doc)]
     ((code, shown),) = re.findall(r"```py\n(.*?)```\n\n```\n(.*?)```", section, re.S)
     exec(compile(code, "docs/schedulers.md", "exec"), {})
     assert capsys.readouterr().out == shown
