@@ -14,14 +14,15 @@ up to whole pages, fits the prefill budget (`max_prefill_tokens`) and the chunk 
 (`chunked_prefill_size`), and the chunk plus the request's own future output (at most
 `clip_max_new_tokens`) fits in the free pages *less a reserve kept back for the requests already
 running*: each one's remaining output (clipped) times `new_token_ratio`. The ratio starts at
-0.7 x `schedule_conservativeness`, falls linearly by one step each pass to 0.14 of that over 600
-passes, and jumps back to its start after a retraction or a failed allocation. So SGLang admits
-only what it expects to be able to finish, and a request that does not fit waits: nothing is
-admitted only to be preempted a pass later.
+0.7 x `schedule_conservativeness` and falls linearly with each decode pass to 0.14 of that over
+600 of them; a retraction re-estimates it from the requests left running (what they decoded plus
+20 steps each, over their whole outputs), a failed allocation puts it back to its start. So
+SGLang admits only what it expects to be able to finish, and a request that does not fit waits:
+nothing is admitted only to be preempted a pass later.
 
 When a decode step needs more pages than are free (the reserve was a guess), the running request
 with the fewest decoded tokens is **retracted**: its pages go back to the prefix cache (so its
-prompt, and what it has decoded, are cached if it comes back soon), and it returns to the head of
+prompt, and what it has decoded, are cached if it comes back soon), and it goes to the back of
 the queue, to be admitted again (a readmission) with whatever of it is still cached.
 
 Pages are the engine's blocks (`engine.block_size`, 1 token by default): the prefix (radix)
@@ -45,7 +46,8 @@ from servesim.workload.request import Request, Status
 DEFAULT_MAX_PREFILL_TOKENS = 16384
 DEFAULT_CHUNKED_PREFILL_SIZE = 8192
 DEFAULT_CLIP_MAX_NEW_TOKENS = 4096
-# new_token_ratio: starts at 0.7 x schedule_conservativeness, falls to 0.14 of that in 600 passes
+# new_token_ratio: starts at 0.7 x schedule_conservativeness, falls to 0.14 of that in 600
+# decode passes
 INIT_NEW_TOKEN_RATIO = 0.7
 MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
 NEW_TOKEN_RATIO_DECAY_PASSES = 600
