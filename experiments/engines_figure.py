@@ -1,4 +1,5 @@
-"""The three engines on one trace: TTFT, TPOT and inter-token gaps of vLLM, SGLang and TRT-LLM.
+"""The three engines on one trace: TTFT, TPOT, inter-token gaps and KV use of vLLM, SGLang and
+TRT-LLM.
 
     python experiments/engines_figure.py [--trace TRACE.jsonl] [--max-requests N]
         [--kv-tokens T] [--out PNG] [HYDRA_OVERRIDE ...]
@@ -13,7 +14,8 @@ so 4,096 blocks of 64 tokens for vLLM, 262,144 pages of 1 token for SGLang and 8
 Token times are kept (`output.per_token=true`) so every inter-token gap can be drawn.
 
 It draws the three runs with `servesim.metrics.plots.latency_comparison` (TTFT and TPOT CDFs,
-the tail of the pooled inter-token gaps) into PNG (default docs/img/engines.png) and prints a
+the tail of the pooled inter-token gaps) into PNG (default docs/img/engines.png), the KV in use
+on worker 0 over time into PNG's name with `_kv` (docs/img/engines_kv.png), and prints a
 markdown table: completed requests, TTFT percentiles, mean TPOT, p99 and longest inter-token
 gap, preemptions (SGLang: retractions) and passes by kind. The defaults take about 30 s.
 
@@ -106,6 +108,35 @@ def plot(results: dict[str, Result], path: Path, title: str) -> Path:
     return path
 
 
+def plot_kv(results: dict[str, Result], kv_tokens: int, path: Path, title: str) -> Path:
+    """KV use over the run: the tokens of KV in use on worker 0 at each pass end, per engine
+    (blocks x the engine's block size, so the three share one axis)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(15, 3.2), layout="constrained")
+    for engine, result in results.items():
+        p = result.passes
+        p = p[p.worker == 0]
+        ax.step(
+            p.end_ms.to_numpy() / 1000,
+            p.kv_used_blocks.to_numpy() * BLOCK_SIZE[engine] / kv_tokens * 100,
+            where="post",
+            label=engine,
+            linewidth=0.8,
+        )
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("KV in use, worker 0 (%)")
+    ax.set_ylim(0, 105)
+    ax.legend(loc="lower right")
+    ax.set_title(title, fontsize=10)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -136,8 +167,10 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.kv_tokens:,} KV tokens per worker"
     )
     plot(results, args.out, title)
+    kv_out = args.out.with_name(f"{args.out.stem}_kv{args.out.suffix}")
+    plot_kv(results, args.kv_tokens, kv_out, title)
     print(table(results, wall_s).to_markdown(index=False, floatfmt=".1f"))
-    print(f"\nwrote {args.out}")
+    print(f"\nwrote {args.out} and {kv_out}")
     return 0
 
 
