@@ -4,8 +4,8 @@
 one-line meaning (the column table of docs/metrics.md, checked by tests/unit/test_records.py)
 and its name in `requests.jsonl` (the mocker's per-request field name) where it is exported.
 The recorder's storage (`REQUEST_FIELDS`), the table's dtypes (`REQUEST_DTYPES`) and the JSONL
-records (`jsonl_records`) are derived from it; `request_row` builds the row in the same order,
-but for the engine, the same in every row of a run, which the table fills in.
+records (`jsonl_records`) are derived from it; `request_row` builds the row in the same order
+(but for the engine: one value a run, filled in by the table).
 """
 
 from __future__ import annotations
