@@ -47,8 +47,7 @@ class Field:
     coded: bool = False  # a few distinct values: stored as a code per row
     # nullable int: recorded raw, NA in the table where this column is negative (-1: none)
     null_where: str | None = None
-    # False: one value for every row of a run (the engine), filled in when the table is built
-    recorded: bool = True
+    recorded: bool = True  # False: one value a run (the engine), filled in by the table
 
     @property
     def dtype(self) -> str:
