@@ -1,4 +1,5 @@
-"""Decode stretches: runs of passes that only decode, applied at once by a vLLM scheduler rank.
+"""Decode stretches: runs of passes that only decode, applied at once by a vLLM or an SGLang
+scheduler rank.
 
 Part of the speed layer (servesim.speed): with it off (`speed=off`), every pass goes through
 `schedule` and `finish`; tests/speed/test_fast_forward_equivalence.py shows both give the
@@ -9,11 +10,16 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Iterator
+from functools import partial
 from heapq import merge
 from itertools import islice, repeat
 
+from servesim.engine.scheduler_base import SchedulerBase
+from servesim.engine.sglang import SglangScheduler
 from servesim.engine.vllm import VllmScheduler
 from servesim.workload.request import Request
+
+DecodeEnds = Callable[[int, int, int], "array[float]"]
 
 
 class Stretch:
@@ -33,9 +39,7 @@ class Stretch:
         self.done: list[Request] = []
 
 
-def decode_stretch(
-    sched: VllmScheduler, decode_ends: Callable[[int, int, int], array[float]]
-) -> Stretch | None:
+def decode_stretch(sched: VllmScheduler, decode_ends: DecodeEnds) -> Stretch | None:
     """Fast-forward passes that only decode and change nothing but counters and blocks.
 
     When nothing waits (or the head of the queue waits for a completion: `_head_waits`)
@@ -53,12 +57,45 @@ def decode_stretch(
     block allocation would fail (a preemption) is left to `schedule`. Returns None when no
     pass qualifies.
     """
-    running = sched.running
-    n = len(running)
+    n = len(sched.running)
     if sched.loaded or n == 0 or n > sched.cfg.max_num_batched_tokens:
         return None
     if sched.waiting and not _head_waits(sched):
         return None
+    return _stretch(sched, decode_ends, 0)
+
+
+def sglang_decode_stretch(sched: SglangScheduler, decode_ends: DecodeEnds) -> Stretch | None:
+    """`decode_stretch` for SGLang's policy: while nothing waits, every pass is one decode
+    step of every running request (`_decode_step`), alike until a request completes or the
+    pages a pass needs are more than the free ones (it retracts). A step takes each request's
+    page for the token it is about to produce, one token ahead of vLLM's; all of a pass's
+    pages are taken before its full pages are registered. Each pass also counts down
+    `decode_passes_owed` and lets `new_token_ratio` decay one step, as `schedule` does."""
+    if sched.waiting or sched.loaded or sched.deferred or not sched.running:
+        return None
+    stretch = _stretch(sched, decode_ends, 1)
+    if stretch is not None:
+        k = len(stretch.ends)
+        ratio = sched.new_token_ratio
+        step, floor = sched.new_token_ratio_step, sched.min_new_token_ratio
+        for _ in range(k):  # in floats, pass after pass, as `schedule` lowers it
+            if ratio == floor:
+                break
+            ratio = max(ratio - step, floor)
+        sched.new_token_ratio = ratio
+        sched.decode_passes_owed = max(0, sched.decode_passes_owed - k)
+    return stretch
+
+
+def _stretch(sched: SchedulerBase, decode_ends: DecodeEnds, ahead: int) -> Stretch | None:
+    """The stretch of `decode_stretch`, once the policy's own conditions hold: every running
+    request one decode token short. A pass takes the blocks of the tokens it computes and
+    `ahead` more (0: vLLM; 1: SGLang, which holds a page for the token a step produces);
+    `ahead` also orders a pass's KV events: vLLM's request by request (its allocation, then
+    its full blocks), SGLang's every allocation first."""
+    running = sched.running
+    n = len(running)
     last = running[-1]
     if last.num_computed_tokens < last.input_length:
         return None  # the newest admission is still in prefill (checked first: often so)
@@ -95,16 +132,22 @@ def decode_stretch(
     if n * (k_max // bs + 1) <= 4 * (free + 1):
         allocs: list[tuple[int, int]] = []
         for order, r in enumerate(running):
-            i = (len(r.held_hashes) + r.held_private_blocks) * bs - r.num_computed_tokens
+            i = _first_allocation(r, bs, ahead)
+            if i < 0:
+                return None  # (it lacks more than one pass's block: not a plain decode step)
             while i < k_max:
                 allocs.append((i, order))
                 i += bs
         if len(allocs) > free:
             allocs.sort()
     else:  # very long outputs: only the first free + 1 allocations matter (a pool's worth)
+        if any(_first_allocation(r, bs, ahead) < 0 for r in running):
+            return None
         allocs = list(
             islice(
-                merge(*[_allocations(sched, r, order, k_max) for order, r in enumerate(running)]),
+                merge(
+                    *[_allocations(r, bs, ahead, order, k_max) for order, r in enumerate(running)]
+                ),
                 free + 1,
             )
         )
@@ -135,7 +178,7 @@ def decode_stretch(
             times.extend(ends)
         full.append((c0, range(c0 // bs, (c0 + k) // bs) if caching else range(0)))
     if pool.record_events:
-        _stretch_pass_by_pass(sched, stretch, allocs, full)
+        _stretch_pass_by_pass(sched, stretch, allocs, full, ahead == 1)
     else:
         _stretch_in_bulk(sched, stretch, allocs, full)
     if k == completing:
@@ -143,14 +186,18 @@ def decode_stretch(
     return stretch
 
 
+def _first_allocation(r: Request, bs: int, ahead: int) -> int:
+    """The first decode pass (from 0) in which `r` takes a block: the first whose tokens, and
+    `ahead` more, reach past the blocks it holds."""
+    return (len(r.held_hashes) + r.held_private_blocks) * bs - r.num_computed_tokens - ahead
+
+
 def _allocations(
-    sched: VllmScheduler, r: Request, order: int, k_max: int
+    r: Request, bs: int, ahead: int, order: int, k_max: int
 ) -> Iterator[tuple[int, int]]:
     """The (pass, `order`) of each block allocation `r` makes in the next `k_max` decode
     passes, in pass order."""
-    bs = sched.block_size
-    first = (len(r.held_hashes) + r.held_private_blocks) * bs - r.num_computed_tokens
-    return zip(range(first, k_max, bs), repeat(order))
+    return zip(range(_first_allocation(r, bs, ahead), k_max, bs), repeat(order))
 
 
 def _head_waits(sched: VllmScheduler) -> bool:
@@ -173,7 +220,7 @@ def _head_waits(sched: VllmScheduler) -> bool:
     return blocks - hit_active > pool.free_blocks and blocks <= pool.capacity_blocks
 
 
-def _complete_decoded(sched: VllmScheduler) -> list[Request]:
+def _complete_decoded(sched: SchedulerBase) -> list[Request]:
     """After a pass in which only running requests decoded: those that emitted their last
     token release their blocks, in running order, and leave (as in `finish`)."""
     max_len = sched.cfg.max_model_len
@@ -188,7 +235,7 @@ def _complete_decoded(sched: VllmScheduler) -> list[Request]:
 
 
 def _stretch_in_bulk(
-    sched: VllmScheduler,
+    sched: SchedulerBase,
     stretch: Stretch,
     allocs: list[tuple[int, int]],
     full: list[tuple[int, range]],
@@ -221,20 +268,27 @@ def _stretch_in_bulk(
 
 
 def _stretch_pass_by_pass(
-    sched: VllmScheduler,
+    sched: SchedulerBase,
     stretch: Stretch,
     allocs: list[tuple[int, int]],
     full: list[tuple[int, range]],
+    allocations_first: bool = False,
 ) -> None:
-    """A stretch's blocks allocated and registered pass by pass, in running order within a
-    pass (allocations first), so the pool's KV events come in the stepped order."""
+    """A stretch's blocks allocated and registered pass by pass, so the pool's KV events come
+    in the stepped order: within a pass, request by request in running order (each one's
+    allocation first), or with `allocations_first` every allocation before any
+    registration."""
     pool = sched.pool
     running = sched.running
     bs = sched.block_size
-    ops = [(i, order, 0, 0) for i, order in allocs]
+    # (pass, request, kind, block) or, allocations first, (pass, kind, request, block)
+    ops = [(i, 0, order, 0) if allocations_first else (i, order, 0, 0) for i, order in allocs]
     for order, (c0, js) in enumerate(full):
         # block j is full once the pass computing its last token ends
-        ops.extend([((j + 1) * bs - c0 - 1, order, 1, j) for j in js])
+        if allocations_first:
+            ops.extend([((j + 1) * bs - c0 - 1, 1, order, j) for j in js])
+        else:
+            ops.extend([((j + 1) * bs - c0 - 1, order, 1, j) for j in js])
     if not ops:
         return
     ops.sort()
@@ -242,7 +296,8 @@ def _stretch_pass_by_pass(
     seen = len(events)
     levels = stretch.levels
     passes = stretch.event_passes
-    for i, order, kind, j in ops:
+    for i, a, b, j in ops:
+        order, kind = (b, a) if allocations_first else (a, b)
         r = running[order]
         if kind == 0:
             pool.allocate(r, 1)  # fits: counted against the free blocks
@@ -257,22 +312,31 @@ def _stretch_pass_by_pass(
             seen = len(events)
 
 
-# the methods of the shipped policy as it was imported: a stretch stands in for exactly these
-_SHIPPED = {
-    (cls.__name__, name): value
-    for cls in VllmScheduler.__mro__[:-1]
-    for name, value in vars(cls).items()
-    if callable(value)
-}
+def _methods(policy: type) -> dict[tuple[str, str], object]:
+    return {
+        (cls.__name__, name): value
+        for cls in policy.__mro__[:-1]
+        for name, value in vars(cls).items()
+        if callable(value)
+    }
 
 
-def replaced_methods() -> list[str]:
+# the methods of the shipped policies as they were imported: a stretch stands in for these
+_SHIPPED = _methods(VllmScheduler)
+_SHIPPED_SGLANG = _methods(SglangScheduler)
+
+
+def replaced_methods(
+    policy: type = VllmScheduler, shipped: dict[tuple[str, str], object] | None = None
+) -> list[str]:
     """The shipped policy's methods replaced since import (a notebook's patch), as
-    `Class.method`."""
+    `Class.method` (vLLM's policy unless told another and its methods at import)."""
+    if shipped is None:
+        shipped = _SHIPPED
     return sorted(
         f"{cls}.{name}"
-        for (cls, name), value in _SHIPPED.items()
-        if vars(next(c for c in VllmScheduler.__mro__ if c.__name__ == cls)).get(name) is not value
+        for (cls, name), value in shipped.items()
+        if vars(next(c for c in policy.__mro__ if c.__name__ == cls)).get(name) is not value
     )
 
 
@@ -282,3 +346,18 @@ def stretches_apply(sched: object) -> bool:
     per pass). Another policy (a subclass, or a patched method) decides each pass its own
     way, so each of its passes goes through `schedule`."""
     return type(sched) is VllmScheduler and sched.speculator is None and not replaced_methods()
+
+
+def stretcher_for(sched: object) -> Callable[[DecodeEnds], Stretch | None] | None:
+    """The decode stretch that may stand in for `sched`'s passes, or None: vLLM's or SGLang's
+    shipped policy as shipped, without speculative decoding."""
+    if stretches_apply(sched):
+        assert isinstance(sched, VllmScheduler)
+        return partial(decode_stretch, sched)
+    if (
+        type(sched) is SglangScheduler
+        and sched.speculator is None
+        and not replaced_methods(SglangScheduler, _SHIPPED_SGLANG)
+    ):
+        return partial(sglang_decode_stretch, sched)
+    return None
