@@ -316,9 +316,11 @@ class GroupPool(GroupKeys):
                 groups[key] = 1  # a whole group
                 done += per
                 continue
-            size = 1
-            while r + size < per and done + size < n and hashes[done + size] == h + size:
-                size += 1
+            size = per - r if per - r <= n - done else n - done
+            if not (exact and hashes[done + size - 1] == h + size - 1):
+                size = 1
+                while r + size < per and done + size < n and hashes[done + size] == h + size:
+                    size += 1
             hi = r + size
             if copies and any(key + j in copies for j in range(r, hi)):
                 break
@@ -382,15 +384,24 @@ class GroupPool(GroupKeys):
                         continue
                     lo = 0
                 else:
-                    size = 1
-                    while size <= r and size < i and held[i - 1 - size] == h - size:
-                        size += 1
+                    size = r + 1 if r < i else i
+                    if not (exact and held[i - size] == h - size + 1):
+                        size = 1
+                        while size <= r and size < i and held[i - 1 - size] == h - size:
+                            size += 1
                     lo = r + 1 - size
                     v = groups[key]
                     if v.__class__ is int:
                         v = groups[key] = [v] * per
                 hi = r + 1
                 i -= hi - lo
+                if v[lo:hi].count(1) == hi - lo:  # only this request held them: all freed
+                    v[lo:hi] = [tag] * (hi - lo)
+                    n_freed += hi - lo
+                    entries.append((key, lo, hi))
+                    if v.count(tag) == per:
+                        groups[key] = tag
+                    continue
                 # block by block, top first: the freed ones as spans in eviction order
                 top = -1
                 for r in range(hi - 1, lo - 1, -1):

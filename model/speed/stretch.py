@@ -9,10 +9,9 @@ same tables.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
-from heapq import merge
-from itertools import islice, repeat
+from itertools import accumulate
 
 from servesim.engine.scheduler_base import SchedulerBase
 from servesim.engine.sglang import SglangScheduler
@@ -126,33 +125,14 @@ def _stretch(sched: SchedulerBase, decode_ends: DecodeEnds, ahead: int) -> Stret
         return None
     pool = sched.pool
     free = pool.free_blocks
-    # the block allocations those passes make, as (pass, running order): a request needs
-    # a fresh block when its next token starts one. Nothing frees a block during the
-    # stretch: the allocation past the free blocks would fail, and its pass preempts
-    if n * (k_max // bs + 1) <= 4 * (free + 1):
-        allocs: list[tuple[int, int]] = []
-        for order, r in enumerate(running):
-            i = _first_allocation(r, bs, ahead)
-            if i < 0:
-                return None  # (it lacks more than one pass's block: not a plain decode step)
-            while i < k_max:
-                allocs.append((i, order))
-                i += bs
-        if len(allocs) > free:
-            allocs.sort()
-    else:  # very long outputs: only the first free + 1 allocations matter (a pool's worth)
-        if any(_first_allocation(r, bs, ahead) < 0 for r in running):
-            return None
-        allocs = list(
-            islice(
-                merge(
-                    *[_allocations(r, bs, ahead, order, k_max) for order, r in enumerate(running)]
-                ),
-                free + 1,
-            )
-        )
-    if len(allocs) > free:
-        k_max = allocs[free][0]
+    # the pass (from 0) of each request's first block allocation; it takes one more every
+    # `bs` passes. Nothing frees a block during the stretch: the pass whose allocations
+    # reach past the free blocks would fail (it preempts), so the stretch ends before it
+    firsts = [_first_allocation(r, bs, ahead) for r in running]
+    if min(firsts) < 0:
+        return None  # (one lacks more than one pass's block: not a plain decode step)
+    if _taken(firsts, bs, k_max) > free:
+        k_max = _first_short_pass(firsts, bs, free, k_max)
         if k_max == 0:
             return None
     ends = decode_ends(n, sum_ctx, k_max)
@@ -161,7 +141,6 @@ def _stretch(sched: SchedulerBase, decode_ends: DecodeEnds, ahead: int) -> Stret
         return None
     stretch = Stretch(ends, n, pool.n_active)
     caching = pool.enable_caching
-    allocs = [a for a in allocs if a[0] < k]
     # per request in running order, its computed tokens before the stretch and the blocks
     # that become full during it
     full: list[tuple[int, range]] = []
@@ -178,9 +157,10 @@ def _stretch(sched: SchedulerBase, decode_ends: DecodeEnds, ahead: int) -> Stret
             times.extend(ends)
         full.append((c0, range(c0 // bs, (c0 + k) // bs) if caching else range(0)))
     if pool.record_events:
+        allocs = [(i, order) for order, f in enumerate(firsts) for i in range(f, k, bs)]
         _stretch_pass_by_pass(sched, stretch, allocs, full, ahead == 1)
     else:
-        _stretch_in_bulk(sched, stretch, allocs, full)
+        _stretch_in_bulk(sched, stretch, firsts, k, full)
     if k == completing:
         stretch.done = _complete_decoded(sched)
     return stretch
@@ -192,12 +172,30 @@ def _first_allocation(r: Request, bs: int, ahead: int) -> int:
     return (len(r.held_hashes) + r.held_private_blocks) * bs - r.num_computed_tokens - ahead
 
 
-def _allocations(
-    r: Request, bs: int, ahead: int, order: int, k_max: int
-) -> Iterator[tuple[int, int]]:
-    """The (pass, `order`) of each block allocation `r` makes in the next `k_max` decode
-    passes, in pass order."""
-    return zip(range(_first_allocation(r, bs, ahead), k_max, bs), repeat(order))
+def _taken(firsts: list[int], bs: int, k: int) -> int:
+    """Blocks the first `k` decode passes allocate, requests first allocating in passes
+    `firsts` and then every `bs` passes."""
+    return sum((k - 1 - f) // bs + 1 for f in firsts if f < k)
+
+
+def _first_short_pass(firsts: list[int], bs: int, free: int, k_max: int) -> int:
+    """The first of `k_max` passes whose allocations, with those before it, take more than
+    `free` blocks (there is one)."""
+    lo, hi = 0, k_max - 1  # (passes lo..hi: the answer is among them)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _taken(firsts, bs, mid + 1) > free:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def _block_hashes(sched: SchedulerBase, r: Request, js: range) -> list[int]:
+    """`_block_hash` of `r`'s blocks `js`; past its prompt, made in one go."""
+    if js.start >= len(r.prompt_hashes):
+        return sched.hasher.unique_blocks(r.idx, js.start, js.stop)
+    return [sched._block_hash(r, j) for j in js]
 
 
 def _head_waits(sched: VllmScheduler) -> bool:
@@ -237,34 +235,45 @@ def _complete_decoded(sched: SchedulerBase) -> list[Request]:
 def _stretch_in_bulk(
     sched: SchedulerBase,
     stretch: Stretch,
-    allocs: list[tuple[int, int]],
+    firsts: list[int],
+    k: int,
     full: list[tuple[int, range]],
 ) -> None:
-    """A stretch's blocks when the pool records no KV events: each request's allocations at
-    once, then its full blocks registered at once. Nothing frees a block during a stretch,
-    so the same blocks are evicted, in the same order, as pass by pass; the pool levels
-    after each allocating pass follow from the counts (an allocation evicts one cached
-    block once the empty ones are used up)."""
+    """A stretch's `k` passes' blocks when the pool records no KV events: each request's
+    allocations at once (the first in pass `firsts[order]`, then every block size), then
+    its full blocks registered at once. Nothing frees a block during a stretch, so the same
+    blocks are evicted, in the same order, as pass by pass; the pool levels after each
+    allocating pass follow from the counts (an allocation evicts one cached block once the
+    empty ones are used up)."""
     pool = sched.pool
     running = sched.running
-    if allocs:
+    bs = sched.block_size
+    if any(f < k for f in firsts):
         empty = pool.n_empty
         active, cached = pool.n_active, pool.n_cached
-        counts = [0] * len(running)
-        for _i, order in allocs:
-            counts[order] += 1
-        for order, c in enumerate(counts):
-            if c:
-                pool.allocate(running[order], c)  # fits: counted against the free blocks
-        allocs.sort()
+        per_pass = [0] * (k + 1)  # blocks each pass allocates
+        for order, f in enumerate(firsts):
+            if f < k:
+                # fits: counted against the free blocks
+                pool.allocate(running[order], (k - 1 - f) // bs + 1)
+                if bs == 1:  # one block every pass from f on (summed below)
+                    per_pass[f] += 1
+                    per_pass[k] -= 1
+                else:
+                    for i in range(f, k, bs):
+                        per_pass[i] += 1
+        if bs == 1:
+            per_pass = list(accumulate(per_pass))
         levels = stretch.levels
-        for taken, (i, _order) in enumerate(allocs, start=1):
-            if levels and levels[-1][0] == i:
-                levels.pop()
-            levels.append((i, active + taken, cached - max(0, taken - empty)))
+        taken = 0
+        for i in range(k):
+            c = per_pass[i]
+            if c:
+                taken += c
+                levels.append((i, active + taken, cached - max(0, taken - empty)))
     for r, (_c0, js) in zip(running, full, strict=True):
         if js:
-            pool.register_many(r, [sched._block_hash(r, j) for j in js])
+            pool.register_many(r, _block_hashes(sched, r, js))
 
 
 def _stretch_pass_by_pass(
