@@ -222,14 +222,21 @@ class FastWorker(Worker):
             active = array("q")
             level = stretch.active_before
             at = 0
+            kv_rows: list[tuple[float, str, str, int, int, int, int]] = []
+            kv_level = rank.kv_level
+            name, idx = rank.name, self.idx
             for i, used, cached in levels:
-                active.extend(array("q", (level,)) * (i - at))
+                if i - at == 1:  # (with one-token blocks every pass allocates)
+                    active.append(level)
+                elif i > at:
+                    active.extend(array("q", (level,)) * (i - at))
                 level, at = used, i
-                if (used, cached) != rank.kv_level:
-                    rank.kv_level = (used, cached)
-                    self.recorder.kv_level(
-                        ends[i - 1] if i else start, rank.name, "device", used, cached, self.idx, 0
-                    )
+                if used != kv_level[0] or cached != kv_level[1]:
+                    kv_level = (used, cached)
+                    t = ends[i - 1] if i else start
+                    kv_rows.append((t, name, "device", used, cached, idx, 0))
+            rank.kv_level = kv_level
+            self.recorder.kv_levels(kv_rows)
             active.extend(array("q", (level,)) * (len(ends) - at))
         else:
             active = array("q", (stretch.active_before,)) * len(ends)

@@ -24,7 +24,7 @@ from typing import Any
 from servesim.kv import block_pool
 from servesim.kv.block_pool import BlockPool
 from servesim.kv.pool_base import REMOVED, STORED, Key, Pool
-from servesim.speed.group_keys import GroupKeys, Span
+from servesim.speed.group_keys import SINGLES, GroupKeys, Span
 from servesim.workload.request import Request
 
 
@@ -180,6 +180,30 @@ class GroupPool(GroupKeys):
             tag = -run_id
             while pos < end and left:
                 key, lo, hi = entries[pos]
+                if lo == SINGLES:  # single keys released together, in eviction order
+                    if not stale:
+                        m = len(key) if len(key) <= left else left
+                        taken = key[:m]
+                        for k in taken:
+                            del groups[k]
+                    else:  # (those taken back since the release are skipped)
+                        taken = []
+                        m = 0
+                        for k in key:
+                            if len(taken) == left:
+                                break
+                            m += 1
+                            if groups.get(k) == tag:
+                                del groups[k]
+                                taken.append(k)
+                    left -= len(taken)
+                    if victims is not None:
+                        victims.extend(taken)
+                    if m < len(key):
+                        entries[pos] = (key[m:], SINGLES, 0)
+                        break
+                    pos += 1
+                    continue
                 if lo < 0:
                     if not stale or groups.get(key) == tag:
                         del groups[key]
@@ -303,10 +327,27 @@ class GroupPool(GroupKeys):
         while done < n:
             h = hashes[done]
             if h.__class__ is not int or h < 0:
-                if h in groups or (copies and h in copies):
+                # content of no group (generated tokens): the run of it up to the next group
+                j = done + 1
+                while j < n and (hashes[j].__class__ is not int or hashes[j] < 0):
+                    j += 1
+                run = hashes[done:j]
+                fresh = dict.fromkeys(run, 1)
+                if (
+                    len(fresh) == len(run)
+                    and groups.keys().isdisjoint(run)
+                    and not (copies and not copies.keys().isdisjoint(run))
+                ):
+                    groups.update(fresh)  # none of it resident: registered at once
+                    done = j
+                    continue
+                for h in run:
+                    if h in groups or (copies and h in copies):
+                        break
+                    groups[h] = 1
+                    done += 1
+                if done < j:
                     break
-                groups[h] = 1
-                done += 1
                 continue
             r = h & mask
             key = h - r
@@ -358,6 +399,29 @@ class GroupPool(GroupKeys):
             i = len(held)  # walking back, a span (group, lo, hi) at a time
             while i:
                 h = held[i - 1]
+                if exact and h < 0:
+                    # single keys (content of no group): the run of them ending here, freed
+                    # together if this request was their only holder
+                    j = i - 1
+                    while j and held[j - 1] < 0:
+                        j -= 1
+                    seg = held[j:i]
+                    if list(map(groups.__getitem__, seg)).count(1) == len(seg):
+                        groups.update(dict.fromkeys(seg, tag))
+                        seg.reverse()
+                        entries.append((tuple(seg), SINGLES, 0))
+                        n_freed += len(seg)
+                    else:
+                        for h in reversed(seg):
+                            c = groups[h]
+                            if c == 1:
+                                groups[h] = tag
+                                entries.append((h, -1, 0))
+                                n_freed += 1
+                            else:
+                                groups[h] = c - 1
+                    i = j
+                    continue
                 if h.__class__ is not int or h < 0:
                     c = groups[h]
                     if c == 1:
@@ -440,6 +504,9 @@ class GroupPool(GroupKeys):
                 continue
             tag = -run_id
             for key, lo, hi in run[0][run[1] : run[2]]:
+                if lo == SINGLES:
+                    order.extend([k for k in key if self.groups.get(k) == tag])
+                    continue
                 if lo < 0:
                     if self.groups.get(key) == tag:
                         order.append(key)

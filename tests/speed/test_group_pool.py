@@ -40,11 +40,16 @@ def _prompts() -> list[list[int]]:
         ([6], 2 * BS, 2),
         ([8, 9, 10], 3 * PER * BS, 0),
         ([0, 1, 2, 11], 4 * PER * BS, 0),
+        ([12, 13], PER * BS + 2 * BS, 6),  # a longer run of generated blocks
     ]
     out = []
     for k, (ids, n_tokens, generated) in enumerate(trace):
         hashes = hasher.prompt_hashes(ids, n_tokens, PER * BS)
         out.append(hashes + [BlockHasher.unique_block(k, j) for j in range(generated)])
+    # prefixes that end inside a run of generated blocks: a later turn takes back part of a
+    # run of single keys released together
+    out.append(out[2][:-1])
+    out.append(out[9][:-3])
     return out
 
 
