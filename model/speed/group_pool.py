@@ -328,10 +328,14 @@ class GroupPool(GroupKeys):
             h = hashes[done]
             if h.__class__ is not int or h < 0:
                 # content of no group (generated tokens): the run of it up to the next group
-                j = done + 1
-                while j < n and (hashes[j].__class__ is not int or hashes[j] < 0):
-                    j += 1
-                run = hashes[done:j]
+                run = hashes[done:] if done else hashes
+                if max(run) < 0:  # (content hashes are ints)
+                    j = n
+                else:
+                    j = done + 1
+                    while j < n and (hashes[j].__class__ is not int or hashes[j] < 0):
+                        j += 1
+                    run = hashes[done:j]
                 fresh = dict.fromkeys(run, 1)
                 if (
                     len(fresh) == len(run)
