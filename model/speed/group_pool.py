@@ -19,6 +19,7 @@ Tier copies pin blocks by key: a run with KV tiers uses `BlockPool` (`choose_poo
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 from servesim.kv import block_pool
@@ -184,8 +185,7 @@ class GroupPool(GroupKeys):
                     if not stale:
                         m = len(key) if len(key) <= left else left
                         taken = key[:m]
-                        for k in taken:
-                            del groups[k]
+                        deque(map(groups.__delitem__, taken), 0)  # (del groups[k] for each)
                     else:  # (those taken back since the release are skipped)
                         taken = []
                         m = 0
@@ -406,9 +406,7 @@ class GroupPool(GroupKeys):
                 if exact and h < 0:
                     # single keys (content of no group): the run of them ending here, freed
                     # together if this request was their only holder
-                    j = i - 1
-                    while j and held[j - 1] < 0:
-                        j -= 1
+                    j = _run_start(held, i - 1)
                     seg = held[j:i]
                     if list(map(groups.__getitem__, seg)).count(1) == len(seg):
                         groups.update(dict.fromkeys(seg, tag))
@@ -540,6 +538,22 @@ class GroupPool(GroupKeys):
         self.runs = {run_id: [entries, 0, len(entries), False]}
         self._front_run = run_id
         self._run_entries = len(entries)
+
+
+def _run_start(keys: list[int], j: int) -> int:
+    """Where the run of negative keys that includes `keys[j]` starts (int keys)."""
+    step = 32  # (chunks of keys tested at once, doubled while they are all negative)
+    grow = True
+    while j and step:
+        lo = j - step if j > step else 0
+        if max(keys[lo:j]) < 0:
+            j = lo
+            if grow:
+                step *= 2
+        else:
+            grow = False
+            step //= 2
+    return j
 
 
 def choose_pool(

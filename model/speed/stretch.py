@@ -262,15 +262,18 @@ def _stretch_in_bulk(
                 else:
                     for i in range(f, k, bs):
                         per_pass[i] += 1
+        del per_pass[k]
         if bs == 1:
             per_pass = list(accumulate(per_pass))
-        levels = stretch.levels
-        taken = 0
-        for i in range(k):
-            c = per_pass[i]
-            if c:
-                taken += c
-                levels.append((i, active + taken, cached - max(0, taken - empty)))
+        # after each pass that allocates: the blocks taken so far, and the levels
+        taken = accumulate(per_pass)
+        stretch.levels.extend(
+            [
+                (i, active + t, cached - (t - empty if t > empty else 0))
+                for i, (c, t) in enumerate(zip(per_pass, taken, strict=True))
+                if c
+            ]
+        )
     for r, (_c0, js) in zip(running, full, strict=True):
         if js:
             pool.register_many(r, _block_hashes(sched, r, js))
