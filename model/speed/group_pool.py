@@ -28,6 +28,10 @@ from servesim.kv.pool_base import REMOVED, STORED, Key, Pool
 from servesim.speed.group_keys import SINGLES, GroupKeys, Span
 from servesim.workload.request import Request
 
+# runs of single keys (generated tokens) at least this long are registered, released and evicted
+# by whole-list operations; shorter ones key by key
+SINGLES_AT_ONCE = 16
+
 
 class GroupPool(GroupKeys):
     """The grouped pool's levels, lookups, allocation, LRU and releases."""
@@ -185,7 +189,11 @@ class GroupPool(GroupKeys):
                     if not stale:
                         m = len(key) if len(key) <= left else left
                         taken = key[:m]
-                        deque(map(groups.__delitem__, taken), 0)  # (del groups[k] for each)
+                        if m < SINGLES_AT_ONCE:
+                            for k in taken:
+                                del groups[k]
+                        else:
+                            deque(map(groups.__delitem__, taken), 0)  # (del groups[k] for each)
                     else:  # (those taken back since the release are skipped)
                         taken = []
                         m = 0
@@ -327,6 +335,12 @@ class GroupPool(GroupKeys):
         while done < n:
             h = hashes[done]
             if h.__class__ is not int or h < 0:
+                if n - done < SINGLES_AT_ONCE:  # a few: one by one
+                    if h in groups or (copies and h in copies):
+                        break
+                    groups[h] = 1
+                    done += 1
+                    continue
                 # content of no group (generated tokens): the run of it up to the next group
                 run = hashes[done:] if done else hashes
                 if max(run) < 0:  # (content hashes are ints)
@@ -406,7 +420,11 @@ class GroupPool(GroupKeys):
                 if exact and h < 0:
                     # single keys (content of no group): the run of them ending here, freed
                     # together if this request was their only holder
-                    j = _run_start(held, i - 1)
+                    j = i - 1
+                    while j and held[j - 1] < 0 and i - j < SINGLES_AT_ONCE:
+                        j -= 1
+                    if j and held[j - 1] < 0:
+                        j = _run_start(held, j)
                     seg = held[j:i]
                     if list(map(groups.__getitem__, seg)).count(1) == len(seg):
                         groups.update(dict.fromkeys(seg, tag))

@@ -125,10 +125,14 @@ def _stretch(sched: SchedulerBase, decode_ends: DecodeEnds, ahead: int) -> Stret
         return None
     pool = sched.pool
     free = pool.free_blocks
-    # the pass (from 0) of each request's first block allocation; it takes one more every
-    # `bs` passes. Nothing frees a block during the stretch: the pass whose allocations
-    # reach past the free blocks would fail (it preempts), so the stretch ends before it
-    firsts = [_first_allocation(r, bs, ahead) for r in running]
+    # the pass (from 0) of each request's first block allocation (the first whose tokens, and
+    # `ahead` more, reach past the blocks it holds); it takes one more every `bs` passes.
+    # Nothing frees a block during the stretch: the pass whose allocations reach past the
+    # free blocks would fail (it preempts), so the stretch ends before it
+    firsts = [
+        (len(r.held_hashes) + r.held_private_blocks) * bs - r.num_computed_tokens - ahead
+        for r in running
+    ]
     if min(firsts) < 0:
         return None  # (one lacks more than one pass's block: not a plain decode step)
     if _taken(firsts, bs, k_max) > free:
@@ -164,12 +168,6 @@ def _stretch(sched: SchedulerBase, decode_ends: DecodeEnds, ahead: int) -> Stret
     if k == completing:
         stretch.done = _complete_decoded(sched)
     return stretch
-
-
-def _first_allocation(r: Request, bs: int, ahead: int) -> int:
-    """The first decode pass (from 0) in which `r` takes a block: the first whose tokens, and
-    `ahead` more, reach past the blocks it holds."""
-    return (len(r.held_hashes) + r.held_private_blocks) * bs - r.num_computed_tokens - ahead
 
 
 def _taken(firsts: list[int], bs: int, k: int) -> int:
@@ -251,28 +249,27 @@ def _stretch_in_bulk(
     if any(f < k for f in firsts):
         empty = pool.n_empty
         active, cached = pool.n_active, pool.n_cached
-        per_pass = [0] * (k + 1)  # blocks each pass allocates
         for order, f in enumerate(firsts):
-            if f < k:
-                # fits: counted against the free blocks
+            if f < k:  # (fits: counted against the free blocks)
                 pool.allocate(running[order], (k - 1 - f) // bs + 1)
-                if bs == 1:  # one block every pass from f on (summed below)
-                    per_pass[f] += 1
-                    per_pass[k] -= 1
+        # (pass, blocks taken up to and including it) of each pass that allocates
+        taken: list[tuple[int, int]] = []
+        if bs == 1:  # every request allocates in every pass from its first on
+            starting = [0] * k
+            for f in firsts:
+                if f < k:
+                    starting[f] += 1
+            per_pass = list(accumulate(starting))  # blocks each pass allocates
+            cumulative = list(accumulate(per_pass))
+            taken = [(i, t) for i, (c, t) in enumerate(zip(per_pass, cumulative, strict=True)) if c]
+        else:
+            for t, i in enumerate(sorted([i for f in firsts for i in range(f, k, bs)]), 1):
+                if taken and taken[-1][0] == i:
+                    taken[-1] = (i, t)
                 else:
-                    for i in range(f, k, bs):
-                        per_pass[i] += 1
-        del per_pass[k]
-        if bs == 1:
-            per_pass = list(accumulate(per_pass))
-        # after each pass that allocates: the blocks taken so far, and the levels
-        taken = accumulate(per_pass)
+                    taken.append((i, t))
         stretch.levels.extend(
-            [
-                (i, active + t, cached - (t - empty if t > empty else 0))
-                for i, (c, t) in enumerate(zip(per_pass, taken, strict=True))
-                if c
-            ]
+            [(i, active + t, cached - (t - empty if t > empty else 0)) for i, t in taken]
         )
     for r, (_c0, js) in zip(running, full, strict=True):
         if js:
