@@ -40,12 +40,6 @@ class Appended:
             self._chunks.append(b"".join(self._parts))
             self._parts = []
 
-    def extend(self, rows: list[tuple]) -> None:
-        """`append` each of `rows`."""
-        self.rows.extend(rows)
-        if len(self.rows) >= self.CHUNK:
-            self.flush()
-
     def __len__(self) -> int:
         return self._n
 

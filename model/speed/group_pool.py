@@ -350,13 +350,13 @@ class GroupPool(GroupKeys):
                     while j < n and (hashes[j].__class__ is not int or hashes[j] < 0):
                         j += 1
                     run = hashes[done:j]
-                fresh = dict.fromkeys(run, 1)
+                states = dict.fromkeys(run, 1)
                 if (
-                    len(fresh) == len(run)
+                    len(states) == len(run)
                     and groups.keys().isdisjoint(run)
                     and not (copies and not copies.keys().isdisjoint(run))
                 ):
-                    groups.update(fresh)  # none of it resident: registered at once
+                    groups.update(states)  # none of it resident: registered at once
                     done = j
                     continue
                 for h in run:
