@@ -20,6 +20,7 @@ Tier copies pin blocks by key: a run with KV tiers uses `BlockPool` (`choose_poo
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 from servesim.kv import block_pool
@@ -186,29 +187,32 @@ class GroupPool(GroupKeys):
             while pos < end and left:
                 key, lo, hi = entries[pos]
                 if lo == SINGLES:  # single keys released together, in eviction order
+                    keys: tuple[Any, ...] = key
+                    taken: Sequence[Any]
                     if not stale:
-                        m = len(key) if len(key) <= left else left
-                        taken = key[:m]
+                        m = len(keys) if len(keys) <= left else left
+                        taken = keys[:m]
                         if m < SINGLES_AT_ONCE:
                             for k in taken:
                                 del groups[k]
                         else:
                             deque(map(groups.__delitem__, taken), 0)  # (del groups[k] for each)
                     else:  # (those taken back since the release are skipped)
-                        taken = []
+                        found: list[Any] = []
                         m = 0
-                        for k in key:
-                            if len(taken) == left:
+                        for k in keys:
+                            if len(found) == left:
                                 break
                             m += 1
                             if groups.get(k) == tag:
                                 del groups[k]
-                                taken.append(k)
+                                found.append(k)
+                        taken = found
                     left -= len(taken)
                     if victims is not None:
                         victims.extend(taken)
-                    if m < len(key):
-                        entries[pos] = (key[m:], SINGLES, 0)
+                    if m < len(keys):
+                        entries[pos] = (keys[m:], SINGLES, 0)
                         break
                     pos += 1
                     continue
@@ -425,14 +429,14 @@ class GroupPool(GroupKeys):
                         j -= 1
                     if j and held[j - 1] < 0:
                         j = _run_start(held, j)
-                    seg = held[j:i]
+                    seg: list[Any] = held[j:i]
                     if list(map(groups.__getitem__, seg)).count(1) == len(seg):
                         groups.update(dict.fromkeys(seg, tag))
                         seg.reverse()
                         entries.append((tuple(seg), SINGLES, 0))
                         n_freed += len(seg)
                     else:
-                        for h in reversed(seg):
+                        for h in seg[::-1]:
                             c = groups[h]
                             if c == 1:
                                 groups[h] = tag
