@@ -4,14 +4,14 @@ diverge), and the per-block view of them (servesim.speed.group_pool keeps the LR
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from servesim.kv.pool_base import Key, PoolBase
 
 # an entry of a release's run: (group id, low rank, high rank), (single key, -1, 0), or
 # (single keys in eviction order, SINGLES, 0)
 Span = tuple[Any, int, int]
-SINGLES = -2
+SINGLES: Final = -2
 
 
 class GroupKeys(PoolBase):

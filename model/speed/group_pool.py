@@ -334,12 +334,13 @@ class GroupPool(GroupKeys):
         copies = self.copies
         mask = self.mask
         exact = self._serial == 0
+        at_once = SINGLES_AT_ONCE
         n = len(hashes)
         done = 0  # blocks registered as fresh content, from the start: a span at a time
         while done < n:
             h = hashes[done]
             if h.__class__ is not int or h < 0:
-                if n - done < SINGLES_AT_ONCE:  # a few: one by one
+                if n - done < at_once:  # a few: one by one
                     if h in groups or (copies and h in copies):
                         break
                     groups[h] = 1
@@ -418,33 +419,37 @@ class GroupPool(GroupKeys):
             mask = self.mask
             last = per - 1
             exact = self._serial == 0  # no duplicate keys: packed ids run consecutively
+            at_once = SINGLES_AT_ONCE
             i = len(held)  # walking back, a span (group, lo, hi) at a time
             while i:
                 h = held[i - 1]
                 if exact and h < 0:
-                    # single keys (content of no group): the run of them ending here, freed
-                    # together if this request was their only holder
+                    # single keys (content of no group): the run of them ending here; a long
+                    # one only this request held is freed together, as one entry
                     j = i - 1
-                    while j and held[j - 1] < 0 and i - j < SINGLES_AT_ONCE:
+                    while j and held[j - 1] < 0 and i - j < at_once:
                         j -= 1
                     if j and held[j - 1] < 0:
                         j = _run_start(held, j)
-                    seg: list[Any] = held[j:i]
-                    if list(map(groups.__getitem__, seg)).count(1) == len(seg):
-                        groups.update(dict.fromkeys(seg, tag))
-                        seg.reverse()
-                        entries.append((tuple(seg), SINGLES, 0))
-                        n_freed += len(seg)
-                    else:
-                        for h in seg[::-1]:
-                            c = groups[h]
-                            if c == 1:
-                                groups[h] = tag
-                                entries.append((h, -1, 0))
-                                n_freed += 1
-                            else:
-                                groups[h] = c - 1
-                    i = j
+                    if i - j >= at_once:
+                        seg: list[Any] = held[j:i]
+                        if list(map(groups.__getitem__, seg)).count(1) == len(seg):
+                            groups.update(dict.fromkeys(seg, tag))
+                            seg.reverse()
+                            entries.append((tuple(seg), SINGLES, 0))
+                            n_freed += len(seg)
+                            i = j
+                            continue
+                    while i > j:  # key by key
+                        i -= 1
+                        h = held[i]
+                        c = groups[h]
+                        if c == 1:
+                            groups[h] = tag
+                            entries.append((h, -1, 0))
+                            n_freed += 1
+                        else:
+                            groups[h] = c - 1
                     continue
                 if h.__class__ is not int or h < 0:
                     c = groups[h]
