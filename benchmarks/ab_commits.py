@@ -7,11 +7,15 @@ and native build, and a digest of the tables (equal digests: the same answers).
 
 `--base DIR` is a checkout of the earlier state (from before the `servesim` package: its
 `model/` folder is imported from DIR); the later state is the `servesim` this interpreter has
-installed. Each run is a fresh child process (one case, one state, one code kind), in the order
-base, head, base, head, ... within each round, so drifts in the machine's load hit both
-alike. Cases are composed as experiments/compare_dynamo.py composes them
-(experiment=dynamo_compat, workload=mooncake, round robin). With `--native`, each state also
-runs its native build (built first if missing: SERVESIM_NATIVE_DIR keeps them apart).
+installed. An earlier state that is a `servesim` package too runs in an environment of its
+own, `--base-python` (`python -m venv ENV && ENV/bin/pip install -e 'DIR[native]'`), imported
+as the later state is. Each run is a fresh child process (one case, one state, one code kind),
+in the order base, head, base, head, ... within each round, so drifts in the machine's load hit
+both alike. Cases are composed as experiments/compare_dynamo.py composes them
+(experiment=dynamo_compat, workload=mooncake, round robin), or, for `NAME=default`, the
+default config (its synthetic workload), plus every `--override`. With
+`--native`, each state also runs its native build (built first if missing: SERVESIM_NATIVE_DIR
+keeps them apart).
 Prints a table per case and code: the median CPU seconds of each state, the median of the
 head / base ratios within each round (each pair ran back to back), the ratio of the fastest
 runs, and whether every run's tables were the same.
@@ -31,7 +35,9 @@ CHILD = r"""
 import hashlib, json, sys, time
 base, trace, workers = sys.argv[1], sys.argv[2], int(sys.argv[3])
 overrides = ["experiment=dynamo_compat", "workload=mooncake", f"workload.path={trace}",
-             f"topology.num_workers={workers}", "output.progress=off"]
+             f"topology.num_workers={workers}", "output.progress=off", *sys.argv[4:]]
+if trace == "-":  # the default config (its synthetic workload)
+    overrides = ["output.progress=off", *sys.argv[4:]]
 if base:  # the earlier state: its model/ and conf/ folders
     sys.path.insert(0, base)
     from hydra import compose, initialize_config_dir
@@ -69,10 +75,13 @@ def _env(state: str, native: bool, cache: Path) -> dict[str, str]:
     return env
 
 
-def _build(state: str, base: Path, cache: Path) -> None:
+def _build(state: str, base: Path, cache: Path, base_python: Path | None = None) -> None:
     env = _env(state, False, cache)
     env["SERVESIM_NATIVE"] = "0"
-    if state == "base":
+    if state == "base" and base_python is not None:
+        env["SERVESIM_NATIVE"] = "0"
+        cmd = [str(base_python.parent / "servesim-native"), "build"]
+    elif state == "base":
         cmd = [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
                "from model.native import main; sys.exit(main(['build']))", str(base)]  # fmt: skip
     else:
@@ -80,12 +89,29 @@ def _build(state: str, base: Path, cache: Path) -> None:
     subprocess.run(cmd, check=True, env=env, cwd=base if state == "base" else None)
 
 
-def run_one(state: str, base: Path, trace: str, workers: int, native: bool, cache: Path) -> dict:
+def run_one(
+    state: str,
+    base: Path,
+    trace: str,
+    workers: int,
+    native: bool,
+    cache: Path,
+    base_python: Path | None = None,
+    overrides: list[str] | None = None,
+) -> dict:
+    python, base_arg = sys.executable, str(base) if state == "base" else ""
+    env = _env(state, native, cache)
+    if state == "base" and base_python is not None:  # a package of its own: imported as such
+        python, base_arg = str(base_python), ""
+        if native:
+            env["SERVESIM_NATIVE"] = "1"
+        else:
+            env.pop("SERVESIM_NATIVE", None)
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD, str(base) if state == "base" else "", trace, str(workers)],
+        [python, "-c", CHILD, base_arg, trace, str(workers), *(overrides or [])],
         capture_output=True,
         text=True,
-        env=_env(state, native, cache),
+        env=env,
         cwd=base if state == "base" else None,
     )
     if proc.returncode != 0:
@@ -96,7 +122,15 @@ def run_one(state: str, base: Path, trace: str, workers: int, native: bool, cach
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--base", type=Path, required=True, help="checkout of the earlier state")
-    ap.add_argument("--case", action="append", required=True, help="NAME=TRACE:WORKERS")
+    ap.add_argument(
+        "--base-python", type=Path, help="interpreter with the earlier state installed (a package)"
+    )
+    ap.add_argument(
+        "--override", action="append", default=[], help="a config override for every run"
+    )
+    ap.add_argument(
+        "--case", action="append", required=True, help="NAME=TRACE:WORKERS or NAME=default"
+    )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--native", action="store_true", help="also time each native build")
     ap.add_argument("--cache", type=Path, default=Path(".ab-native"), help="native builds")
@@ -105,19 +139,29 @@ def main(argv: list[str] | None = None) -> int:
     cases = []
     for spec in args.case:
         name, _, rest = spec.partition("=")
+        if rest == "default":
+            cases.append((name, "-", 1))
+            continue
         trace, _, workers = rest.rpartition(":")
         cases.append((name, str(Path(trace).resolve()), int(workers)))
     kinds = [False, True] if args.native else [False]
     if args.native:
         for state in ("base", "head"):
-            _build(state, args.base.resolve(), args.cache.resolve())
+            _build(state, args.base.resolve(), args.cache.resolve(), args.base_python)
     runs: list[dict] = []
     for r in range(args.rounds):
         for name, trace, workers in cases:
             for native in kinds:
                 for state in ("base", "head"):
                     out = run_one(
-                        state, args.base.resolve(), trace, workers, native, args.cache.resolve()
+                        state,
+                        args.base.resolve(),
+                        trace,
+                        workers,
+                        native,
+                        args.cache.resolve(),
+                        args.base_python,
+                        args.override,
                     )
                     out.update(case=name, state=state, native=native, round=r)
                     runs.append(out)

@@ -103,9 +103,7 @@ class ClusterBase:
         `horizon` (default: the earliest time a request could reach any worker)."""
         first = len(self.workers)
         pool = []
-        # (SGLang's radix cache keeps one copy of a content: the per-block pool's way)
-        grouped = self.cfg.speed.grouped_pool and engine.kind != "sglang"
-        group = self.group_blocks(engine) if grouped else 1
+        group = self.group_blocks(engine) if self.cfg.speed.grouped_pool else 1
         fast = self.cfg.speed.fast_forward and not self.tiers.enabled
         policy = scheduler_class(engine.kind)
         speculative = engine.speculative.num_speculative_tokens is not None

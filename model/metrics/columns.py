@@ -101,6 +101,12 @@ class Columns:
         if len(rows) >= self.CHUNK:
             self.flush()
 
+    def extend(self, rows: list[tuple]) -> None:
+        """`append` each of `rows`."""
+        self.rows.extend(rows)
+        if len(self.rows) >= self.CHUNK:
+            self.flush()
+
     def __len__(self) -> int:
         return len(next(iter(self.columns.values()))) + len(self.rows)
 

@@ -275,6 +275,10 @@ class Recorder:
     ) -> None:
         self.kv.append((t_ms, pool, tier, used, cached, worker, dp_rank))
 
+    def kv_levels(self, rows: list[tuple[float, str, str, int, int, int, int]]) -> None:
+        """`kv_level` for many changes at once, each row its arguments in order."""
+        self.kv.extend(rows)
+
     def transfer(
         self,
         request_id: str,

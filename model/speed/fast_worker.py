@@ -5,9 +5,10 @@ A chain: while the cluster's horizon (the next time anything could reach this wo
 stop time) is later than a pass's end, and the pass completes or rejects nothing (so it wakes
 nobody), the worker applies it at its end time and plans the next one at once, holding only for
 the last pass of the chain. A decode stretch (servesim.speed.stretch) applies a run of
-decode-only passes of the shipped vLLM policy in one step. Nothing can observe the difference:
-every timestamp equals the textbook loop's (tests/speed/test_fast_forward_equivalence.py),
-with one SimPy event per chain instead of two per pass.
+decode-only passes of the shipped vLLM or SGLang policy in one step. Nothing can observe the
+difference: every timestamp equals the textbook loop's
+(tests/speed/test_fast_forward_equivalence.py), with one SimPy event per chain instead of two
+per pass.
 """
 
 from __future__ import annotations
@@ -24,11 +25,10 @@ import simpy
 
 from servesim.clock import PASS_START, PREFILL_NEXT_PASS, at_time
 from servesim.engine.scheduler import Scheduler
-from servesim.engine.vllm import VllmScheduler
 from servesim.engine.worker import Worker
 from servesim.kv.events import KvEventBus
 from servesim.metrics.recorder import Recorder
-from servesim.speed.stretch import Stretch, decode_stretch, stretches_apply
+from servesim.speed.stretch import DecodeEnds, Stretch, stretcher_for
 from servesim.timing.base import StepTime, whole_ns_array
 from servesim.workload.request import Request
 
@@ -62,19 +62,17 @@ class FastWorker(Worker):
             num_workers, name, role, order, kv_bus,
         )  # fmt: skip
         self.horizon = horizon if horizon is not None else env.peek
-        first = self.ranks[0].scheduler
-        # decode stretches stand in for passes of the shipped vLLM policy only (one rank)
-        self.stretch_scheduler: VllmScheduler | None = (
-            first
-            if len(self.ranks) == 1 and isinstance(first, VllmScheduler) and stretches_apply(first)
-            else None
+        # decode stretches stand in for passes of the shipped vLLM and SGLang policies only
+        # (one rank)
+        self.stretcher: Callable[[DecodeEnds], Stretch | None] | None = (
+            stretcher_for(self.ranks[0].scheduler) if len(self.ranks) == 1 else None
         )
 
     def run(self) -> Generator[simpy.Event, None, None]:
         env = self.env
         ranks = self.ranks
         single = ranks[0].scheduler if len(ranks) == 1 else None
-        stretcher = self.stretch_scheduler
+        stretcher = self.stretcher
         # a prefill worker with work left at its pass end starts the next pass at once, before
         # the arrivals of that instant (Dynamo's P/D replay); other workers let them join it
         next_pass_at_once = self.role == "prefill"
@@ -96,7 +94,7 @@ class FastWorker(Worker):
             while True:
                 chain = not self._waiter_may_proceed()
                 if stretcher is not None and chain:
-                    stretch = decode_stretch(stretcher, partial(self._decode_ends, t, horizon))
+                    stretch = stretcher(partial(self._decode_ends, t, horizon))
                     if stretch is not None:
                         self._record_stretch(t, stretch)
                         t = stretch.ends[-1]
@@ -224,14 +222,21 @@ class FastWorker(Worker):
             active = array("q")
             level = stretch.active_before
             at = 0
+            kv_rows: list[tuple[float, str, str, int, int, int, int]] = []
+            kv_level = rank.kv_level
+            name, idx = rank.name, self.idx
             for i, used, cached in levels:
-                active.extend(array("q", (level,)) * (i - at))
+                if i - at == 1:  # (with one-token blocks every pass allocates)
+                    active.append(level)
+                elif i > at:
+                    active.extend(array("q", (level,)) * (i - at))
                 level, at = used, i
-                if (used, cached) != rank.kv_level:
-                    rank.kv_level = (used, cached)
-                    self.recorder.kv_level(
-                        ends[i - 1] if i else start, rank.name, "device", used, cached, self.idx, 0
-                    )
+                if used != kv_level[0] or cached != kv_level[1]:
+                    kv_level = (used, cached)
+                    t = ends[i - 1] if i else start
+                    kv_rows.append((t, name, "device", used, cached, idx, 0))
+            rank.kv_level = kv_level
+            self.recorder.kv_levels(kv_rows)
             active.extend(array("q", (level,)) * (len(ends) - at))
         else:
             active = array("q", (stretch.active_before,)) * len(ends)

@@ -4,11 +4,14 @@ diverge), and the per-block view of them (servesim.speed.group_pool keeps the LR
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from servesim.kv.pool_base import Key, PoolBase
 
-Span = tuple[Any, int, int]  # (group id, low rank, high rank) or (single key, -1, 0)
+# an entry of a release's run: (group id, low rank, high rank), (single key, -1, 0), or
+# (single keys in eviction order, SINGLES, 0)
+Span = tuple[Any, int, int]
+SINGLES: Final = -2
 
 
 class GroupKeys(PoolBase):
@@ -26,7 +29,7 @@ class GroupKeys(PoolBase):
         self.mask = group_blocks - 1
         # group id -> int state (all blocks resident, alike) or list of per-block states;
         # single key -> int state. State: holders (>= 1) or -(run id) when inactive. Runs
-        # list spans (group id, low rank, high rank) or (single key, -1, 0)
+        # list spans (group id, low rank, high rank), (single key, -1, 0) or (keys, SINGLES, 0)
         self.groups: dict[Any, Any] = {}
         self.n_resident = 0
 

@@ -19,13 +19,19 @@ Tier copies pin blocks by key: a run with KV tiers uses `BlockPool` (`choose_poo
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 from servesim.kv import block_pool
 from servesim.kv.block_pool import BlockPool
 from servesim.kv.pool_base import REMOVED, STORED, Key, Pool
-from servesim.speed.group_keys import GroupKeys, Span
+from servesim.speed.group_keys import SINGLES, GroupKeys, Span
 from servesim.workload.request import Request
+
+# runs of single keys (generated tokens) at least this long are registered, released and evicted
+# by whole-list operations; shorter ones key by key
+SINGLES_AT_ONCE = 16
 
 
 class GroupPool(GroupKeys):
@@ -180,6 +186,36 @@ class GroupPool(GroupKeys):
             tag = -run_id
             while pos < end and left:
                 key, lo, hi = entries[pos]
+                if lo == SINGLES:  # single keys released together, in eviction order
+                    keys: tuple[Any, ...] = key
+                    taken: Sequence[Any]
+                    if not stale:
+                        m = len(keys) if len(keys) <= left else left
+                        taken = keys[:m]
+                        if m < SINGLES_AT_ONCE:
+                            for k in taken:
+                                del groups[k]
+                        else:
+                            deque(map(groups.__delitem__, taken), 0)  # (del groups[k] for each)
+                    else:  # (those taken back since the release are skipped)
+                        found: list[Any] = []
+                        m = 0
+                        for k in keys:
+                            if len(found) == left:
+                                break
+                            m += 1
+                            if groups.get(k) == tag:
+                                del groups[k]
+                                found.append(k)
+                        taken = found
+                    left -= len(taken)
+                    if victims is not None:
+                        victims.extend(taken)
+                    if m < len(keys):
+                        entries[pos] = (keys[m:], SINGLES, 0)
+                        break
+                    pos += 1
+                    continue
                 if lo < 0:
                     if not stale or groups.get(key) == tag:
                         del groups[key]
@@ -246,6 +282,9 @@ class GroupPool(GroupKeys):
         self.n_private -= 1
         req.held_private_blocks -= 1
         existing = self._oldest(h)
+        if existing is not None and self.share_duplicates:
+            self.acquire(req, [existing])  # the request's own block goes back
+            return
         if existing is None:
             key: Key = h
             if self.record_events:
@@ -264,20 +303,74 @@ class GroupPool(GroupKeys):
 
     def register_many(self, req: Request, hashes: list[int]) -> None:
         """`register` for consecutive blocks of `req` that became full together."""
+        done = self._register_new(req, hashes)
+        if done == len(hashes):
+            return
+        if not self.share_duplicates:
+            for h in hashes[done:]:
+                self.register(req, h)
+            return
+        # duplicates shared: as `register` block by block, with each run of resident content
+        # acquired at once (its pages go back) and each run of new content registered at once
+        rest = hashes[done:]
+        while rest:
+            m = self.match(rest)[0]
+            if m:
+                self.n_private -= m
+                req.held_private_blocks -= m
+                self.acquire(req, rest[:m])
+            else:
+                self.register(req, rest[0])  # new, in a group some of which is resident
+                m = 1
+            rest = rest[m:]
+            if rest:
+                rest = rest[self._register_new(req, rest) :]
+
+    def _register_new(self, req: Request, hashes: list[int]) -> int:
+        """Register the leading blocks of `hashes` up to the first whose content (or some
+        block of whose group) is resident; returns how many it registered."""
         groups = self.groups
         per = self.per
         copies = self.copies
         mask = self.mask
         exact = self._serial == 0
+        at_once = SINGLES_AT_ONCE
         n = len(hashes)
         done = 0  # blocks registered as fresh content, from the start: a span at a time
         while done < n:
             h = hashes[done]
             if h.__class__ is not int or h < 0:
-                if h in groups or (copies and h in copies):
+                if n - done < at_once:  # a few: one by one
+                    if h in groups or (copies and h in copies):
+                        break
+                    groups[h] = 1
+                    done += 1
+                    continue
+                # content of no group (generated tokens): the run of it up to the next group
+                run = hashes[done:] if done else hashes
+                if max(run) < 0:  # (content hashes are ints)
+                    j = n
+                else:
+                    j = done + 1
+                    while j < n and (hashes[j].__class__ is not int or hashes[j] < 0):
+                        j += 1
+                    run = hashes[done:j]
+                states = dict.fromkeys(run, 1)
+                if (
+                    len(states) == len(run)
+                    and groups.keys().isdisjoint(run)
+                    and not (copies and not copies.keys().isdisjoint(run))
+                ):
+                    groups.update(states)  # none of it resident: registered at once
+                    done = j
+                    continue
+                for h in run:
+                    if h in groups or (copies and h in copies):
+                        break
+                    groups[h] = 1
+                    done += 1
+                if done < j:
                     break
-                groups[h] = 1
-                done += 1
                 continue
             r = h & mask
             key = h - r
@@ -287,9 +380,11 @@ class GroupPool(GroupKeys):
                 groups[key] = 1  # a whole group
                 done += per
                 continue
-            size = 1
-            while r + size < per and done + size < n and hashes[done + size] == h + size:
-                size += 1
+            size = per - r if per - r <= n - done else n - done
+            if not (exact and hashes[done + size - 1] == h + size - 1):
+                size = 1
+                while r + size < per and done + size < n and hashes[done + size] == h + size:
+                    size += 1
             hi = r + size
             if copies and any(key + j in copies for j in range(r, hi)):
                 break
@@ -309,8 +404,7 @@ class GroupPool(GroupKeys):
         self.n_private -= done
         self.n_resident += done
         req.held_private_blocks -= done
-        for h in hashes[done:]:
-            self.register(req, h)
+        return done
 
     def release(self, req: Request) -> None:
         """`req` lets go of everything it holds; cached blocks join the LRU last block first."""
@@ -325,9 +419,38 @@ class GroupPool(GroupKeys):
             mask = self.mask
             last = per - 1
             exact = self._serial == 0  # no duplicate keys: packed ids run consecutively
+            at_once = SINGLES_AT_ONCE
             i = len(held)  # walking back, a span (group, lo, hi) at a time
             while i:
                 h = held[i - 1]
+                if exact and h < 0:
+                    # single keys (content of no group): the run of them ending here; a long
+                    # one only this request held is freed together, as one entry
+                    j = i - 1
+                    while j and held[j - 1] < 0 and i - j < at_once:
+                        j -= 1
+                    if j and held[j - 1] < 0:
+                        j = _run_start(held, j)
+                    if i - j >= at_once:
+                        seg: list[Any] = held[j:i]
+                        if list(map(groups.__getitem__, seg)).count(1) == len(seg):
+                            groups.update(dict.fromkeys(seg, tag))
+                            seg.reverse()
+                            entries.append((tuple(seg), SINGLES, 0))
+                            n_freed += len(seg)
+                            i = j
+                            continue
+                    while i > j:  # key by key
+                        i -= 1
+                        h = held[i]
+                        c = groups[h]
+                        if c == 1:
+                            groups[h] = tag
+                            entries.append((h, -1, 0))
+                            n_freed += 1
+                        else:
+                            groups[h] = c - 1
+                    continue
                 if h.__class__ is not int or h < 0:
                     c = groups[h]
                     if c == 1:
@@ -354,15 +477,24 @@ class GroupPool(GroupKeys):
                         continue
                     lo = 0
                 else:
-                    size = 1
-                    while size <= r and size < i and held[i - 1 - size] == h - size:
-                        size += 1
+                    size = r + 1 if r < i else i
+                    if not (exact and held[i - size] == h - size + 1):
+                        size = 1
+                        while size <= r and size < i and held[i - 1 - size] == h - size:
+                            size += 1
                     lo = r + 1 - size
                     v = groups[key]
                     if v.__class__ is int:
                         v = groups[key] = [v] * per
                 hi = r + 1
                 i -= hi - lo
+                if v[lo:hi].count(1) == hi - lo:  # only this request held them: all freed
+                    v[lo:hi] = [tag] * (hi - lo)
+                    n_freed += hi - lo
+                    entries.append((key, lo, hi))
+                    if v.count(tag) == per:
+                        groups[key] = tag
+                    continue
                 # block by block, top first: the freed ones as spans in eviction order
                 top = -1
                 for r in range(hi - 1, lo - 1, -1):
@@ -401,6 +533,9 @@ class GroupPool(GroupKeys):
                 continue
             tag = -run_id
             for key, lo, hi in run[0][run[1] : run[2]]:
+                if lo == SINGLES:
+                    order.extend([k for k in key if self.groups.get(k) == tag])
+                    continue
                 if lo < 0:
                     if self.groups.get(key) == tag:
                         order.append(key)
@@ -430,6 +565,22 @@ class GroupPool(GroupKeys):
         self.runs = {run_id: [entries, 0, len(entries), False]}
         self._front_run = run_id
         self._run_entries = len(entries)
+
+
+def _run_start(keys: list[int], j: int) -> int:
+    """Where the run of negative keys that includes `keys[j]` starts (int keys)."""
+    step = 32  # (chunks of keys tested at once, doubled while they are all negative)
+    grow = True
+    while j and step:
+        lo = j - step if j > step else 0
+        if max(keys[lo:j]) < 0:
+            j = lo
+            if grow:
+                step *= 2
+        else:
+            grow = False
+            step //= 2
+    return j
 
 
 def choose_pool(

@@ -115,6 +115,11 @@ class BlockHasher:
         and the same whenever it is asked for."""
         return -1 - (hash((UNSHARED, owner, j)) & MASK63)
 
+    @staticmethod
+    def unique_blocks(owner: int, start: int, stop: int) -> list[int]:
+        """`unique_block(owner, j)` for j in [start, stop)."""
+        return [-1 - (hash((UNSHARED, owner, j)) & MASK63) for j in range(start, stop)]
+
 
 def _new_in_order(ids: Sequence[int], ident: int) -> int | None:
     """How many of `ids` are new, when they are non-negative ids below `ident` followed by

@@ -275,6 +275,7 @@ GENERATED = {"<sessions>": session_rows}
 POLY = {"kind": "polynomial"}
 # speculative decoding with acceptance rates strictly between 0 and 1 (random bursts)
 SPEC = {"num_speculative_tokens": 2, "acceptance_rates": [0.8, 0.5], "seed": 7}
+SGLANG = {"kind": "sglang", "block_size": 1}  # engine=sglang's 1-token pages
 TIERS_G1 = 24  # G1 blocks per rank under a host tier: small, so the tier is used
 HOST = {"num_host_blocks": 400, "d2h_bandwidth_gbps": 16.0, "h2d_bandwidth_gbps": 16.0}
 DISK = {"num_g3_blocks": 2000, "read_bandwidth_gbps": 4.0, "write_bandwidth_gbps": 4.0}
@@ -436,6 +437,30 @@ SCENARIOS = [
         WAVES,
         (queued_for_kv_never_preempted,),
         engine={"kind": "trtllm", "block_size": 32, "num_gpu_blocks": 48},
+        topology={"num_workers": 1},
+    ),
+    # SGLang: decode stretches of its decode-only passes, its pool kept by trace block with
+    # duplicates shared (1-token pages by default; the synthetic trace blocks are 64 tokens)
+    case("agg2-sglang", CHAT, topology={"num_workers": 2}, engine=SGLANG),
+    case(
+        "agg2-sglang-lpm-interval",
+        CHAT,
+        topology={"num_workers": 2},
+        engine=dict(SGLANG, schedule_policy="lpm", prefill_decode_interval=2),
+    ),
+    case(
+        "agg1-sglang-small-kv-retract-no-events",
+        WAVES,
+        ("n_preemptions", "n_kv_evictions"),
+        engine={"kind": "sglang", "block_size": 16, "num_gpu_blocks": 60},
+        topology={"num_workers": 1},
+        output={"kv_events": False},
+    ),
+    case(
+        "agg1-sglang-small-kv-retract",
+        WAVES,
+        ("n_preemptions", "n_kv_evictions"),
+        engine=dict(SGLANG, num_gpu_blocks=800),
         topology={"num_workers": 1},
     ),
     case(
@@ -739,6 +764,39 @@ SCENARIOS = [
         ("transfers",),
         topology=pd_topology(2, 2),
         link={"bandwidth_gbps": 20.0, "latency_ms": 0.01},
+    ),
+    # (1-token pages make an event per token: the events table of a real trace is large, so
+    # these record none; the synthetic SGLang cases above and the KV router's do)
+    case(
+        "conversation-300-agg2-sglang",
+        real(CONVERSATION, 300),
+        topology={"num_workers": 2},
+        engine=dict(SGLANG, num_gpu_blocks=1_000_000),
+        output={"per_token": True, "kv_events": False},
+    ),
+    case(
+        "conversation-200-agg1-sglang-tight-kv",
+        real(CONVERSATION, 200),
+        ("n_preemptions", "n_kv_evictions"),
+        engine=dict(SGLANG, num_gpu_blocks=60_000),
+        topology={"num_workers": 1},
+        output={"kv_events": False},
+    ),
+    case(
+        "conversation-200-agg4-sglang-kv",
+        real(CONVERSATION, 200),
+        ("routing",),
+        topology={"num_workers": 4},
+        router={"kind": "kv"},
+        engine={"kind": "sglang", "block_size": 16, "num_gpu_blocks": 20_000},
+    ),
+    case(
+        "conversation-200-pd-1p2d-sglang",
+        real(CONVERSATION, 200),
+        ("transfers",),
+        topology=pd_topology(1, 2),
+        engine=dict(SGLANG, num_gpu_blocks=400_000),
+        output={"kv_events": False},
     ),
     case(
         "synthetic-trace-200-agg2-rr",

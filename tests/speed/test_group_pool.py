@@ -9,12 +9,16 @@ match results, levels, LRU order, evictions, KV events and holdings after every 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from servesim.kv.block_pool import BlockPool
+from servesim.speed import group_pool
 from servesim.speed.group_pool import GroupPool, choose_pool
 from servesim.workload.hashing import BlockHasher
 from tests.property.test_block_pool_lru import (
@@ -40,11 +44,16 @@ def _prompts() -> list[list[int]]:
         ([6], 2 * BS, 2),
         ([8, 9, 10], 3 * PER * BS, 0),
         ([0, 1, 2, 11], 4 * PER * BS, 0),
+        ([12, 13], PER * BS + 2 * BS, 6),  # a longer run of generated blocks
     ]
     out = []
     for k, (ids, n_tokens, generated) in enumerate(trace):
         hashes = hasher.prompt_hashes(ids, n_tokens, PER * BS)
         out.append(hashes + [BlockHasher.unique_block(k, j) for j in range(generated)])
+    # prefixes that end inside a run of generated blocks: a later turn takes back part of a
+    # run of single keys released together
+    out.append(out[2][:-1])
+    out.append(out[9][:-3])
     return out
 
 
@@ -58,17 +67,53 @@ op = st.one_of(
 )
 
 
+@contextmanager
+def singles_at_once(n: int) -> Iterator[None]:
+    """Runs of generated (single) keys from `n` long handled by whole-list operations."""
+    kept = group_pool.SINGLES_AT_ONCE
+    group_pool.SINGLES_AT_ONCE = n
+    try:
+        yield
+    finally:
+        group_pool.SINGLES_AT_ONCE = kept
+
+
+# 1 and 2: the whole-list paths for generated keys on these short prompts; 16: key by key
+AT_ONCE = st.sampled_from([1, 2, 16])
+
+
 @settings(max_examples=400, deadline=None)
 @given(
     capacity=st.integers(4, 40),
     record_events=st.booleans(),
     slack=st.sampled_from([0, 3, 4096]),
+    at_once=AT_ONCE,
     ops=st.lists(op, min_size=10, max_size=150),
 )
-def test_group_pool_follows_the_per_block_lru(capacity, record_events, slack, ops):
-    with compact_slack(slack):
+def test_group_pool_follows_the_per_block_lru(capacity, record_events, slack, at_once, ops):
+    with compact_slack(slack), singles_at_once(at_once):
         pool = GroupPool(capacity, PER, record_events=record_events)
         follow_reference(pool, Reference(capacity, record_events), PROMPTS, ops)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    capacity=st.integers(4, 40),
+    record_events=st.booleans(),
+    slack=st.sampled_from([0, 3, 4096]),
+    at_once=AT_ONCE,
+    ops=st.lists(op, min_size=10, max_size=150),
+)
+def test_group_pool_sharing_duplicates_follows_the_per_block_lru(
+    capacity, record_events, slack, at_once, ops
+):
+    """SGLang's pools share a content computed again (`share_duplicates`): resident runs of a
+    registration are acquired at once, new runs registered at once, as block by block."""
+    with compact_slack(slack), singles_at_once(at_once):
+        pool = GroupPool(capacity, PER, record_events=record_events)
+        pool.share_duplicates = True
+        follow_reference(pool, Reference(capacity, record_events, True), PROMPTS, ops)
+        assert not pool.copies
 
 
 KINDS = ("admit", "admit", "compute", "compute", "release", "release")
@@ -77,12 +122,15 @@ KINDS = ("admit", "admit", "compute", "compute", "release", "release")
 @pytest.mark.parametrize("seed", range(12))
 def test_group_pool_follows_the_per_block_lru_on_long_random_runs(seed):
     rng = np.random.default_rng(seed)
-    with compact_slack(int(rng.choice([0, 8, 4096]))):
+    at_once = singles_at_once(int(rng.choice([1, 2, 16])))
+    with compact_slack(int(rng.choice([0, 8, 4096]))), at_once:
         for _ in range(25):
             ops = random_ops(rng, KINDS, len(PROMPTS), 2 * PER + 2)
             capacity, record_events = int(rng.integers(4, 41)), bool(rng.integers(0, 2))
+            share = bool(rng.integers(0, 2))
             pool = GroupPool(capacity, PER, record_events=record_events)
-            follow_reference(pool, Reference(capacity, record_events), PROMPTS, ops)
+            pool.share_duplicates = share
+            follow_reference(pool, Reference(capacity, record_events, share), PROMPTS, ops)
 
 
 def test_choose_pool():
