@@ -22,7 +22,7 @@ from servesim.kv.events import KvEventBus
 from servesim.metrics.recorder import COMPLETED, REJECTED, Recorder
 from servesim.router import KvRouter, Router
 from servesim.speed.fast_worker import FastWorker
-from servesim.speed.group_pool import choose_pool
+from servesim.speed.pool_choice import choose_pool
 from servesim.timing import frontend_latency_ms
 from servesim.timing.base import StepTime
 from servesim.workload.hashing import BlockHasher

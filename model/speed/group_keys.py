@@ -113,3 +113,82 @@ class GroupKeys(PoolBase):
             r = key & self.mask
             return key - r, r
         return key, -1
+
+    def _took(self, state: int, key: Any, rank: int) -> int:
+        """The state of a block (rank `rank` of group `key`, or the single key `key` with rank
+        -1) after one more holder takes it: back to life from its release's run, whose range
+        ends before it if it was the range's last block, else has a hole (stale)."""
+        if state > 0:
+            return state + 1
+        run = self.runs[-state]
+        end = run[2] - 1
+        if end >= run[1]:
+            entries = run[0]
+            ek, elo, ehi = entries[end]
+            if elo == rank and ek == key:
+                if elo < 0 or ehi - elo == 1:
+                    run[2] = end
+                else:
+                    entries[end] = (ek, elo + 1, ehi)
+                self.n_inactive -= 1
+                return 1
+        run[3] = True
+        self.n_inactive -= 1
+        return 1
+
+    def _lru_order(self) -> list[Key]:
+        order: list[Key] = []
+        for run_id in range(self._front_run, self._next_run):
+            run = self.runs.get(run_id)
+            if run is None:
+                continue
+            tag = -run_id
+            for key, lo, hi in run[0][run[1] : run[2]]:
+                if lo == SINGLES:
+                    order.extend([k for k in key if self.groups.get(k) == tag])
+                    continue
+                if lo < 0:
+                    if self.groups.get(key) == tag:
+                        order.append(key)
+                    continue
+                order.extend(
+                    [key + r for r in range(hi - 1, lo - 1, -1) if self._get(key + r) == tag]
+                )
+        return order
+
+    def _compact(self) -> None:
+        """One run of every inactive block, in LRU order, in place of runs of stale entries."""
+        order = self._lru_order()
+        run_id = self._next_run
+        self._next_run = run_id + 1
+        entries: list[Span] = []
+        for key in order:
+            self._set(key, -run_id)
+            if key.__class__ is int and key >= 0:
+                r = key & self.mask
+                gid = key - r
+                if entries and entries[-1][0] == gid and entries[-1][1] == r + 1:
+                    entries[-1] = (gid, r, entries[-1][2])
+                    continue
+                entries.append((gid, r, r + 1))
+            else:
+                entries.append((key, -1, 0))
+        self.runs = {run_id: [entries, 0, len(entries), False]}
+        self._front_run = run_id
+        self._run_entries = len(entries)
+
+
+def run_start(keys: list[int], j: int) -> int:
+    """Where the run of negative keys that includes `keys[j]` starts (int keys)."""
+    step = 32  # (chunks of keys tested at once, doubled while they are all negative)
+    grow = True
+    while j and step:
+        lo = j - step if j > step else 0
+        if max(keys[lo:j]) < 0:
+            j = lo
+            if grow:
+                step *= 2
+        else:
+            grow = False
+            step //= 2
+    return j

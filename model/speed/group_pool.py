@@ -1,20 +1,16 @@
 """The speed layer's G1 block pool kept by trace block: `BlockPool`'s LRU, an entry per group.
 
-When engine blocks tile trace blocks (Mooncake replays: 8 blocks of 64 tokens per 512-token
-trace block), a prompt's engine-block ids are packed: block r of trace block k is the chain id
-of k with r in the low bits (`servesim.workload.hashing`). The blocks of one trace block (a
-*group*) are nearly always registered, shared, released and evicted together, so this pool
-keeps one dict entry per group instead of one per block: an int state while every block of the
-group is resident and in the same state (holders >= 1, or the negated id of the release that
-made them inactive), and a list of per-block states (None: not resident) once they diverge (a
-prompt's partial last group, a chunk boundary or prefix hit inside a group, part of a group
-evicted). Everything else is `BlockPool`'s: the same API on per-block keys, the same LRU order,
+When engine blocks tile trace blocks (Mooncake: 8 blocks of 64 tokens per 512-token trace
+block), block r of trace block k has the chain id of k with r in the low bits
+(`servesim.workload.hashing`). The blocks of one trace block (a *group*) are nearly always
+registered, shared, released and evicted together, so this pool keeps one dict entry per group:
+an int state while its blocks are resident and alike (holders >= 1, or the negated id of the
+release that made them inactive), a list of per-block states (None: not resident) once they
+diverge. Everything else is `BlockPool`'s: the same API on per-block keys, LRU order,
 evictions, levels and KV events (tests/speed/test_group_pool.py runs both on the same
-operations). Releases are runs of *spans* (group, low rank, high rank), evicted top rank first,
-as a request's blocks are let go of last block first. Content with no group (generated tokens,
-unshared prompts: negative ids) and duplicate copies (`(hash, serial)`) are single entries.
-
-Tier copies pin blocks by key: a run with KV tiers uses `BlockPool` (`choose_pool`).
+operations). Releases are runs of *spans* (group, low rank, high rank), evicted top rank first.
+Content with no group (generated tokens, unshared prompts: negative ids) and duplicate copies
+(`(hash, serial)`) are single entries. A run with KV tiers uses `BlockPool` (pool_choice.py).
 """
 
 from __future__ import annotations
@@ -24,9 +20,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from servesim.kv import block_pool
-from servesim.kv.block_pool import BlockPool
-from servesim.kv.pool_base import REMOVED, STORED, Key, Pool
-from servesim.speed.group_keys import SINGLES, GroupKeys, Span
+from servesim.kv.pool_base import REMOVED, STORED, Key
+from servesim.speed.group_keys import SINGLES, GroupKeys, Span, run_start
 from servesim.workload.request import Request
 
 # runs of single keys (generated tokens) at least this long are registered, released and evicted
@@ -144,28 +139,6 @@ class GroupPool(GroupKeys):
                 assert s is not None
                 self._set(k, self._took(s, *self._where(k)))
                 held.append(k)
-
-    def _took(self, state: int, key: Any, rank: int) -> int:
-        """The state of a block (rank `rank` of group `key`, or the single key `key` with rank
-        -1) after one more holder takes it: back to life from its release's run, whose range
-        ends before it if it was the range's last block, else has a hole (stale)."""
-        if state > 0:
-            return state + 1
-        run = self.runs[-state]
-        end = run[2] - 1
-        if end >= run[1]:
-            entries = run[0]
-            ek, elo, ehi = entries[end]
-            if elo == rank and ek == key:
-                if elo < 0 or ehi - elo == 1:
-                    run[2] = end
-                else:
-                    entries[end] = (ek, elo + 1, ehi)
-                self.n_inactive -= 1
-                return 1
-        run[3] = True
-        self.n_inactive -= 1
-        return 1
 
     # ------------------------------------------------------------------ allocation
 
@@ -430,7 +403,7 @@ class GroupPool(GroupKeys):
                     while j and held[j - 1] < 0 and i - j < at_once:
                         j -= 1
                     if j and held[j - 1] < 0:
-                        j = _run_start(held, j)
+                        j = run_start(held, j)
                     if i - j >= at_once:
                         seg: list[Any] = held[j:i]
                         if list(map(groups.__getitem__, seg)).count(1) == len(seg):
@@ -524,74 +497,3 @@ class GroupPool(GroupKeys):
         self.n_private -= req.held_private_blocks
         req.held_private_blocks = 0
         self.generation += 1
-
-    def _lru_order(self) -> list[Key]:
-        order: list[Key] = []
-        for run_id in range(self._front_run, self._next_run):
-            run = self.runs.get(run_id)
-            if run is None:
-                continue
-            tag = -run_id
-            for key, lo, hi in run[0][run[1] : run[2]]:
-                if lo == SINGLES:
-                    order.extend([k for k in key if self.groups.get(k) == tag])
-                    continue
-                if lo < 0:
-                    if self.groups.get(key) == tag:
-                        order.append(key)
-                    continue
-                order.extend(
-                    [key + r for r in range(hi - 1, lo - 1, -1) if self._get(key + r) == tag]
-                )
-        return order
-
-    def _compact(self) -> None:
-        """One run of every inactive block, in LRU order, in place of runs of stale entries."""
-        order = self._lru_order()
-        run_id = self._next_run
-        self._next_run = run_id + 1
-        entries: list[Span] = []
-        for key in order:
-            self._set(key, -run_id)
-            if key.__class__ is int and key >= 0:
-                r = key & self.mask
-                gid = key - r
-                if entries and entries[-1][0] == gid and entries[-1][1] == r + 1:
-                    entries[-1] = (gid, r, entries[-1][2])
-                    continue
-                entries.append((gid, r, r + 1))
-            else:
-                entries.append((key, -1, 0))
-        self.runs = {run_id: [entries, 0, len(entries), False]}
-        self._front_run = run_id
-        self._run_entries = len(entries)
-
-
-def _run_start(keys: list[int], j: int) -> int:
-    """Where the run of negative keys that includes `keys[j]` starts (int keys)."""
-    step = 32  # (chunks of keys tested at once, doubled while they are all negative)
-    grow = True
-    while j and step:
-        lo = j - step if j > step else 0
-        if max(keys[lo:j]) < 0:
-            j = lo
-            if grow:
-                step *= 2
-        else:
-            grow = False
-            step //= 2
-    return j
-
-
-def choose_pool(
-    capacity_blocks: int,
-    enable_caching: bool,
-    record_events: bool,
-    group_blocks: int,
-) -> Pool:
-    """The pool for one rank: by group when ids are packed by `group_blocks` engine blocks (a
-    power of two > 1, so a group's ids are all its id values) and caching is on, else per
-    block."""
-    if group_blocks > 1 and group_blocks & (group_blocks - 1) == 0 and enable_caching:
-        return GroupPool(capacity_blocks, group_blocks, record_events)
-    return BlockPool(capacity_blocks, enable_caching, record_events)

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 
 from servesim.kv.block_pool import BlockPool
 from servesim.speed import group_pool
-from servesim.speed.group_pool import GroupPool, choose_pool
+from servesim.speed.group_pool import GroupPool
+from servesim.speed.pool_choice import choose_pool
 from servesim.workload.hashing import BlockHasher
 from tests.property.test_block_pool_lru import (
     Reference,
