@@ -413,9 +413,8 @@ REQUEST_FIELDS = {"_idx": "q", **REQUEST_COLUMNS}
 # nullable int columns (pandas Int64): stored as the request's raw value and NA in the table
 # where the named column is negative (a rank without a worker is NA too, whatever its value)
 NULL_WHERE_NEGATIVE = {f.name: f.null_where for f in REQUEST_RECORD if f.null_where is not None}
-# what the table casts: the int columns, so that a table of no rows has them too (a float
-# column keeps what pandas infers: int64 when the clock stamped only ints, object when empty)
-REQUEST_DTYPES = {f.name: f.dtype for f in REQUEST_RECORD if f.type in ("int", "nullable int")}
+# what the table casts: the number columns (a time stamped as int 0 is a float, as natively)
+REQUEST_DTYPES = {f.name: f.dtype for f in REQUEST_RECORD if not f.type.startswith("str")}
 # the JSONL's worker ids are the mocker's scheduler ids: worker x dp_size + this rank column
 SCHEDULER_RANK = {"prefill_worker_idx": "prefill_dp_rank", "decode_worker_idx": "dp_rank"}
 
