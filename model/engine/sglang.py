@@ -246,20 +246,6 @@ class SglangScheduler(SchedulerBase):
         self.n_committed_prefill_tokens += req.seq_len - cached_tokens
         self.on_admit(req, cached_tokens, now_ms)
 
-    def _page_slack(self) -> int:
-        """Tokens of allocated pages not yet holding KV (partial last pages), which SGLang
-        keeps out of what admission may use."""
-        if self.block_size == 1:
-            return 0
-        page = self.block_size
-        slack = 0
-        for req in (*self.running, *self.waiting):
-            pages = len(req.held_hashes) + req.held_private_blocks
-            if pages:
-                held = req.seq_len if req in self.running else req.num_computed_tokens
-                slack += pages * page - held
-        return slack
-
     def _summarise_prefill(self, batch: Batch) -> None:
         """A prefill pass is priced by its chunks alone: no decode part. A decode worker
         prices none (a retracted request's recompute there is free, as in the mocker)."""
