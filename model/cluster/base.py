@@ -116,7 +116,13 @@ class ClusterBase:
             scheds = [
                 policy(
                     engine,
-                    choose_pool(n_blocks, engine.enable_prefix_caching, self.plan.kv_events, group),
+                    choose_pool(
+                        n_blocks,
+                        engine.enable_prefix_caching,
+                        self.plan.kv_events,
+                        group,
+                        getattr(policy, "radix_cache", False),
+                    ),
                     hasher,
                     self._admitted,
                     role,

@@ -99,9 +99,13 @@ class SchedulerBase:
 
     def _register_full(self, req: Request) -> None:
         """Register every block that is now completely computed (visible to later requests)."""
+        self._register_through(req, req.num_computed_tokens)
+
+    def _register_through(self, req: Request, tokens: int) -> None:
+        """Register every full block of `req`'s first `tokens` tokens not registered yet."""
         if self.pool.enable_caching:
             first = len(req.held_hashes)
-            last = req.num_computed_tokens // self.block_size
+            last = tokens // self.block_size
             if last <= first:
                 return
             prompt = req.prompt_hashes

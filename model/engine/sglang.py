@@ -64,6 +64,7 @@ class SglangScheduler(SchedulerBase):
     admission, retraction of the least-decoded request under decode memory pressure."""
 
     draws_bursts: ClassVar[bool] = True
+    radix_cache: ClassVar[bool] = True  # its rank's pool is a radix tree (RadixPool)
 
     def __init__(
         self,
@@ -92,7 +93,6 @@ class SglangScheduler(SchedulerBase):
         self.ratio_after_retraction = self.init_new_token_ratio
         self.decode_passes_owed = 0  # decode-only passes still due (prefill_decode_interval)
         self.n_retractions = 0
-        pool.share_duplicates = True  # a radix cache holds each content once
 
     # ------------------------------------------------------------------ the pass
 
@@ -226,17 +226,20 @@ class SglangScheduler(SchedulerBase):
                 partial = req
             if rem_chunk <= 0:
                 break
-        if self.role != "prefill":  # (a prefill worker's prompts join it on release)
-            for req, *_ in batch.items:
-                # what the pass computes joins the prefix cache after admission: a prompt
-                # admitted behind another in the same pass does not reuse its pages (unlike vLLM)
-                self._register_full(req)
         if partial is not None:
             waiting.appendleft(partial)
         running.extend(finished)
         if finished:
             # the first token's KV is taken in the prefill pass that produces it
             self._grow(finished, batch)
+        if self.role != "prefill":  # (a prefill worker's prompts join it on release)
+            for req, *_ in batch.items:
+                # what the pass computes joins the prefix cache after admission (a prompt
+                # admitted behind another in the same pass does not reuse its pages, unlike
+                # vLLM), with the slot of the first token when one follows
+                left = req.output_length - req.num_output_tokens
+                first_slot = req.status == Status.RUNNING and req in finished and left > 1
+                self._register_through(req, req.num_computed_tokens + first_slot)
         self._summarise_prefill(batch)
         return oom
 
@@ -296,12 +299,16 @@ class SglangScheduler(SchedulerBase):
                 continue
             sum_ctx += req.seq_len
             req.num_computed_tokens = req.seq_len
-            self._register_full(req)
+            if self.speculator is None:
+                # the token this step emits has its slot: cached with the rest
+                self._register_through(req, req.seq_len + 1)
             items.append((req, 1, 0, req.input_length))
         batch.n_decode = len(items)
         batch.sum_decode_context = sum_ctx
         if self.speculator is not None:
             self._draw_decode_bursts(batch)
+            for req, burst in batch.bursts or []:
+                self._register_through(req, req.seq_len + burst)
             self._leave(ended)
             self.ending = ended
         else:

@@ -45,6 +45,7 @@ MODULES = (
     "servesim.engine.worker",
     "servesim.kv.block_pool",
     "servesim.kv.pool_base",
+    "servesim.kv.radix_pool",
     "servesim.speed.group_keys",
     "servesim.speed.group_pool",
     "servesim.workload.hashing",

@@ -145,8 +145,9 @@ def _stretch(sched: SchedulerBase, decode_ends: DecodeEnds, ahead: int) -> Stret
         return None
     stretch = Stretch(ends, n, pool.n_active)
     caching = pool.enable_caching
-    # per request in running order, its computed tokens before the stretch and the blocks
-    # that become full during it
+    # per request in running order, its cached tokens before the stretch (computed, and
+    # `ahead` more: SGLang caches the page of the token a step produces) and the blocks that
+    # become full during it
     full: list[tuple[int, range]] = []
     for r in running:
         c0 = r.num_computed_tokens
@@ -159,6 +160,7 @@ def _stretch(sched: SchedulerBase, decode_ends: DecodeEnds, ahead: int) -> Stret
         times = r.token_times_ms
         if times is not None:
             times.extend(ends)
+        c0 += ahead
         full.append((c0, range(c0 // bs, (c0 + k) // bs) if caching else range(0)))
     if pool.record_events:
         allocs = [(i, order) for order, f in enumerate(firsts) for i in range(f, k, bs)]
@@ -271,9 +273,14 @@ def _stretch_in_bulk(
         stretch.levels.extend(
             [(i, active + t, cached - (t - empty if t > empty else 0)) for i, t in taken]
         )
-    for r, (_c0, js) in zip(running, full, strict=True):
-        if js:
-            pool.register_many(r, _block_hashes(sched, r, js))
+    # each request's full blocks in the order of the pass that fills its last one (running
+    # order among equals), as pass by pass: a radix pool orders its leaves by that touch
+    last_fill = sorted(
+        (((js[-1] + 1) * bs - c0, order) for order, (c0, js) in enumerate(full) if js)
+    )
+    for _, order in last_fill:
+        r = running[order]
+        pool.register_many(r, _block_hashes(sched, r, full[order][1]))
 
 
 def _stretch_pass_by_pass(

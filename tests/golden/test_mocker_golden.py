@@ -159,18 +159,7 @@ PD_COMMITTED = (
 )
 
 
-RADIX_EVICTION = (
-    "SGLang's radix cache evicts whole leaf nodes in the order they were last touched; "
-    "servesim's prefix cache evicts single pages in LRU order, so after evictions a later "
-    "prompt can find a page more or less of a shared prefix cached"
-)
 KNOWN_PER_REQUEST: dict[str, str] = {
-    "zg7_sglang_pages_of_16": f"{RADIX_EVICTION}: from 4,269 ms (a 128-token prompt reuses 96 "
-    "tokens, the mocker 112), 92 of 100 records differ",
-    "zg8_sglang_round_robin_4w": f"{RADIX_EVICTION}: from 39,708 ms (a 472-token prompt reuses "
-    "141 tokens, the mocker 140), 28 of 240 records differ by at most a few ms",
-    "zg11_sglang_speculative": f"{RADIX_EVICTION}: from 33,758 ms (reuse of 142 tokens against "
-    "141), 17 of 100 records differ by under 0.1 ms",
     "zg10_sglang_pd_2p2d": "under heavy retraction on the decode ranks (73 readmissions), the "
     "decode pass of worker 0 at 7,096 ms is priced on 3,087 context tokens in servesim and on "
     "about 2,811 in the mocker (one more retraction there, cause not found); 127 of 160 records "
