@@ -104,6 +104,8 @@ class SglangScheduler(SchedulerBase):
         memory_short = False
         if self._promote_delivered(batch, now_ms):
             pass  # a pass that takes in delivered KV admits nothing else: it decodes
+        elif self.pending_reservations:
+            pass  # a request waits to reserve KV here: nothing needing fresh KV goes first
         elif self.waiting and not (self.decode_passes_owed and self.running):
             memory_short = self._admit(batch, now_ms)
         if batch.items:
@@ -139,6 +141,14 @@ class SglangScheduler(SchedulerBase):
             self.running.append(req)
             self.on_admit(req, 0, now_ms)
         return bool(delivered)
+
+    def activate(self, req: Request) -> None:
+        """A delivered request joins the waiting queue in delivery (landing) order: SGLang
+        takes prebuilt requests into its running set in the order their KV arrived."""
+        self.materialize(req)
+        req.materialized = True
+        req.status = Status.WAITING
+        self.waiting.append(req)
 
     def _admit(self, batch: Batch, now_ms: float) -> bool:
         """Admit waiting requests, in order, into a prefill pass while they fit (see the module

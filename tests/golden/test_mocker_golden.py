@@ -159,12 +159,7 @@ PD_COMMITTED = (
 )
 
 
-KNOWN_PER_REQUEST: dict[str, str] = {
-    "zg10_sglang_pd_2p2d": "under heavy retraction on the decode ranks (73 readmissions), the "
-    "decode pass of worker 0 at 7,096 ms is priced on 3,087 context tokens in servesim and on "
-    "about 2,811 in the mocker (one more retraction there, cause not found); 127 of 160 records "
-    "differ after it",
-}
+KNOWN_PER_REQUEST: dict[str, str] = {}
 KNOWN_SUMMARY: dict[str, str] = dict(KNOWN_PER_REQUEST)
 # summary keys left out of one case's comparison, each with the documented reason
 # (docs/validation.md, "Known semantic differences")
@@ -190,8 +185,6 @@ KNOWN_COMMITTED = {
     "t_pd_retry_after_preemption": PD_COMMITTED,
     "zy1_host_deferred_behind_load": COMMITTED,
     "zs8_tight_kv_lifo": COMMITTED,
-    # the prefix reuse differs (see KNOWN_PER_REQUEST), so the prefill tokens do
-    **{name: KNOWN_PER_REQUEST[name] for name in KNOWN_PER_REQUEST if name.startswith("zg")},
 }
 
 
