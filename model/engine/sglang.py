@@ -26,7 +26,9 @@ prompt, and what it has decoded, are cached if it comes back soon), and it goes 
 the queue, to be admitted again (a readmission) with whatever of it is still cached.
 
 Pages are the engine's blocks (`engine.block_size`, 1 token by default): the prefix (radix)
-cache matches whole pages, at most the sequence less its last token.
+cache matches whole pages, at most the sequence less its last token, and evicts the least
+recently touched branch first (servesim.kv.radix_pool). A decode step caches the page of the
+token it produces with the rest.
 """
 
 from __future__ import annotations

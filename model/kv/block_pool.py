@@ -214,10 +214,6 @@ class BlockPool(PoolBase):
         self.n_private -= 1
         req.held_private_blocks -= 1
         existing = self._oldest(h)
-        if existing is not None and self.share_duplicates:
-            self.acquire(req, [existing])  # the request's own block goes back
-            self.generation += 1  # (a block was freed)
-            return
         if existing is None:
             key: Key = h
             if self.record_events:

@@ -76,7 +76,6 @@ class PoolBase:
         "n_evictions",
         "generation",
         "_serial",
-        "share_duplicates",
     )
 
     def __init__(self, capacity_blocks: int, enable_caching: bool, record_events: bool) -> None:
@@ -109,9 +108,6 @@ class PoolBase:
         self.n_evictions = 0
         self.generation = 0  # counts releases: capacity can only grow when it changes
         self._serial = 0
-        # a content computed again is shared with its cached copy, the new block freed (a radix
-        # cache, as SGLang's); False keeps both copies (vLLM's block pool)
-        self.share_duplicates = False
 
     @property
     def n_empty(self) -> int:

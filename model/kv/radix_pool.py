@@ -58,7 +58,7 @@ class Node:
 def common_length(edge: list[Key], keys: list[Key], start: int) -> int:
     """How many leading keys of `edge` equal `keys[start:]`."""
     n = 0
-    for a, b in zip(edge, keys[start:]):
+    for a, b in zip(edge, keys[start:], strict=False):
         if a != b:
             break
         n += 1
@@ -72,7 +72,6 @@ class RadixPool(PoolBase):
         self, capacity_blocks: int, enable_caching: bool = True, record_events: bool = False
     ) -> None:
         super().__init__(capacity_blocks, enable_caching, record_events)
-        self.share_duplicates = True
         self._clock = count(1)
         self._serials = count(1)
         self.root = Node(None, [], 0, 0)

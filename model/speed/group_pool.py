@@ -255,9 +255,6 @@ class GroupPool(GroupKeys):
         self.n_private -= 1
         req.held_private_blocks -= 1
         existing = self._oldest(h)
-        if existing is not None and self.share_duplicates:
-            self.acquire(req, [existing])  # the request's own block goes back
-            return
         if existing is None:
             key: Key = h
             if self.record_events:
@@ -277,27 +274,8 @@ class GroupPool(GroupKeys):
     def register_many(self, req: Request, hashes: list[int]) -> None:
         """`register` for consecutive blocks of `req` that became full together."""
         done = self._register_new(req, hashes)
-        if done == len(hashes):
-            return
-        if not self.share_duplicates:
-            for h in hashes[done:]:
-                self.register(req, h)
-            return
-        # duplicates shared: as `register` block by block, with each run of resident content
-        # acquired at once (its pages go back) and each run of new content registered at once
-        rest = hashes[done:]
-        while rest:
-            m = self.match(rest)[0]
-            if m:
-                self.n_private -= m
-                req.held_private_blocks -= m
-                self.acquire(req, rest[:m])
-            else:
-                self.register(req, rest[0])  # new, in a group some of which is resident
-                m = 1
-            rest = rest[m:]
-            if rest:
-                rest = rest[self._register_new(req, rest) :]
+        for h in hashes[done:]:
+            self.register(req, h)
 
     def _register_new(self, req: Request, hashes: list[int]) -> int:
         """Register the leading blocks of `hashes` up to the first whose content (or some

@@ -29,9 +29,8 @@ from servesim.workload.request import Request
 class Reference:
     """Per-block LRU with prefix caching, duplicate copies and pins, as the rules say it."""
 
-    def __init__(self, capacity: int, record_events: bool, share_duplicates: bool = False) -> None:
+    def __init__(self, capacity: int, record_events: bool) -> None:
         self.capacity = capacity
-        self.share_duplicates = share_duplicates  # a content computed again shares the copy
         self.refcount: dict[Any, int] = {}
         self.inactive: OrderedDict[Any, None] = OrderedDict()  # oldest first
         self.copies: dict[int, list[Any]] = {}
@@ -102,9 +101,6 @@ class Reference:
         self.n_private -= 1
         req.held_private_blocks -= 1
         existing = self.oldest(h)
-        if existing is not None and self.share_duplicates:
-            self.acquire(req, [h])  # its own block goes back
-            return
         key: Any = h
         if existing is None:
             if self.record_events:
@@ -267,23 +263,6 @@ def test_pool_follows_the_per_block_lru(capacity, record_events, slack, ops):
     with compact_slack(slack):
         pool = BlockPool(capacity, record_events=record_events)
         follow_reference(pool, Reference(capacity, record_events), PROMPTS, ops)
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    capacity=st.integers(4, 20),
-    record_events=st.booleans(),
-    slack=st.sampled_from([0, 3, 4096]),
-    ops=st.lists(op, min_size=10, max_size=150),
-)
-def test_pool_sharing_duplicates_follows_the_per_block_lru(capacity, record_events, slack, ops):
-    """`share_duplicates` (SGLang's radix cache): a content computed again takes the resident
-    copy and its own block goes back; no second copy is ever kept."""
-    with compact_slack(slack):
-        pool = BlockPool(capacity, record_events=record_events)
-        pool.share_duplicates = True
-        follow_reference(pool, Reference(capacity, record_events, True), PROMPTS, ops)
-        assert not pool.copies
 
 
 KINDS = ("admit", "admit", "admit", "compute", "compute", "release", "release", "pin", "unpin")

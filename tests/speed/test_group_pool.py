@@ -97,26 +97,6 @@ def test_group_pool_follows_the_per_block_lru(capacity, record_events, slack, at
         follow_reference(pool, Reference(capacity, record_events), PROMPTS, ops)
 
 
-@settings(max_examples=400, deadline=None)
-@given(
-    capacity=st.integers(4, 40),
-    record_events=st.booleans(),
-    slack=st.sampled_from([0, 3, 4096]),
-    at_once=AT_ONCE,
-    ops=st.lists(op, min_size=10, max_size=150),
-)
-def test_group_pool_sharing_duplicates_follows_the_per_block_lru(
-    capacity, record_events, slack, at_once, ops
-):
-    """SGLang's pools share a content computed again (`share_duplicates`): resident runs of a
-    registration are acquired at once, new runs registered at once, as block by block."""
-    with compact_slack(slack), singles_at_once(at_once):
-        pool = GroupPool(capacity, PER, record_events=record_events)
-        pool.share_duplicates = True
-        follow_reference(pool, Reference(capacity, record_events, True), PROMPTS, ops)
-        assert not pool.copies
-
-
 KINDS = ("admit", "admit", "compute", "compute", "release", "release")
 
 
@@ -128,10 +108,8 @@ def test_group_pool_follows_the_per_block_lru_on_long_random_runs(seed):
         for _ in range(25):
             ops = random_ops(rng, KINDS, len(PROMPTS), 2 * PER + 2)
             capacity, record_events = int(rng.integers(4, 41)), bool(rng.integers(0, 2))
-            share = bool(rng.integers(0, 2))
             pool = GroupPool(capacity, PER, record_events=record_events)
-            pool.share_duplicates = share
-            follow_reference(pool, Reference(capacity, record_events, share), PROMPTS, ops)
+            follow_reference(pool, Reference(capacity, record_events), PROMPTS, ops)
 
 
 def test_choose_pool():
