@@ -241,9 +241,11 @@ class SglangScheduler(SchedulerBase):
         if partial is not None:
             waiting.appendleft(partial)
         running.extend(finished)
-        if finished:
-            # the first token's KV is taken in the prefill pass that produces it
-            self._grow(finished, batch)
+        # the first token's KV is taken in the prefill pass that produces it, unless it is the
+        # request's last (it ends with the pass: no slot)
+        continuing = [r for r in finished if r.output_length - r.num_output_tokens > 1]
+        if continuing:
+            self._grow(continuing, batch)
         if self.role != "prefill":  # (a prefill worker's prompts join it on release)
             for req, *_ in batch.items:
                 # what the pass computes joins the prefix cache after admission (a prompt

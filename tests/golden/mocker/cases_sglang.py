@@ -99,6 +99,18 @@ def tight_trace(seed: int, n: int, tbs: int, gap_ms: float, max_out: int) -> lis
     return rows
 
 
+def last_token_slot_trace() -> list[Row]:
+    """A pool of 130 one-token pages. A (64 + 2) ends holding 66 cached pages (its prompt and
+    both output tokens'). B (66 + 1) takes 66 pages, evicting A's two output pages; its only
+    token is its last, so it takes no page for it (one more would evict A's last prompt page).
+    C (128 + 1) then reuses A's whole first 64-token block."""
+    return [
+        _row(0, 64, 2, [1]),
+        _row(20, 66, 1, [2, 4]),
+        _row(40, 128, 1, [1, 3]),
+    ]
+
+
 def pd_trace() -> list[Row]:
     """P/D: decode pool of 500 one-token pages, a slow link. A (200 + 100) and B (100 + 50)
     reserve their decode pages as they arrive, before their prefills; C (150 + 20) cannot until
@@ -241,6 +253,15 @@ def cases(Case: Any, ENGINES: dict[str, dict[str, Any]]) -> list[Any]:
             pd=(2, 2),
             decode={"num_gpu_blocks": 3000},
             bandwidth_gbps=25.0,
+        ),
+        Case(
+            "zg12_sglang_no_page_for_a_last_first_token",
+            "SGLang, 130 one-token pages, fixed 10 / 2 ms: a prefill pass takes a page for each "
+            "request's first token and caches it, except where that token is the request's last",
+            last_token_slot_trace,
+            trace_block_size=64,
+            engine={**fixed, "num_gpu_blocks": 130},
+            servesim_overrides=(*fixed_overrides, "engine.num_gpu_blocks=130"),
         ),
         Case(
             "zg11_sglang_speculative",
