@@ -97,15 +97,12 @@ class SchedulerBase:
             return prompt
         return prompt + [self._block_hash(req, j) for j in range(len(prompt), n_full)]
 
-    def _register_full(self, req: Request) -> None:
-        """Register every block that is now completely computed (visible to later requests)."""
-        self._register_through(req, req.num_computed_tokens)
-
-    def _register_through(self, req: Request, tokens: int) -> None:
-        """Register every full block of `req`'s first `tokens` tokens not registered yet."""
+    def _register_full(self, req: Request, tokens: int = -1) -> None:
+        """Register every block that is now completely computed (visible to later requests):
+        of `req`'s first `tokens` tokens (default: those computed), those not registered yet."""
         if self.pool.enable_caching:
             first = len(req.held_hashes)
-            last = tokens // self.block_size
+            last = (req.num_computed_tokens if tokens < 0 else tokens) // self.block_size
             if last <= first:
                 return
             prompt = req.prompt_hashes

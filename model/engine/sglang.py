@@ -252,8 +252,8 @@ class SglangScheduler(SchedulerBase):
                 # admitted behind another in the same pass does not reuse its pages, unlike
                 # vLLM), with the slot of the first token when one follows
                 left = req.output_length - req.num_output_tokens
-                first_slot = req.status == Status.RUNNING and req in finished and left > 1
-                self._register_through(req, req.num_computed_tokens + first_slot)
+                first_slot = req.status == Status.RUNNING and req is not partial and left > 1
+                self._register_full(req, req.num_computed_tokens + first_slot)
         self._summarise_prefill(batch)
         return oom
 
@@ -315,14 +315,14 @@ class SglangScheduler(SchedulerBase):
             req.num_computed_tokens = req.seq_len
             if self.speculator is None:
                 # the token this step emits has its slot: cached with the rest
-                self._register_through(req, req.seq_len + 1)
+                self._register_full(req, req.seq_len + 1)
             items.append((req, 1, 0, req.input_length))
         batch.n_decode = len(items)
         batch.sum_decode_context = sum_ctx
         if self.speculator is not None:
             self._draw_decode_bursts(batch)
             for req, burst in batch.bursts or []:
-                self._register_through(req, req.seq_len + burst)
+                self._register_full(req, req.seq_len + burst)
             self._leave(ended)
             self.ending = ended
         else:
