@@ -29,9 +29,65 @@ def kv_dtype_bytes(llm: LlmConfig) -> int:
     return 2 if llm.dtype == "fp4" else int(DTYPE_BYTES[llm.dtype])
 
 
+def full_attention_layers(llm: LlmConfig) -> int:
+    """Layers that keep the KV of every token of a sequence."""
+    return llm.num_layers - llm.num_sliding_window_layers - llm.num_linear_attention_layers
+
+
+def kv_layer_bytes(llm: LlmConfig, tp_size: int = 1) -> int:
+    """KV bytes of one token in one attention layer on one GPU of a `tp_size` group: K and V of
+    the layer's KV heads (split over the group; a head is never split, so a group larger than
+    the head count holds copies), or MLA's latent and rotary key (on every GPU of the group)."""
+    if llm.attention == "mla":
+        assert llm.kv_lora_rank is not None and llm.qk_rope_head_dim is not None
+        return (llm.kv_lora_rank + llm.qk_rope_head_dim) * kv_dtype_bytes(llm)
+    heads = -(-llm.num_kv_heads // tp_size)
+    return 2 * heads * llm.head_dim * kv_dtype_bytes(llm)
+
+
 def kv_bytes_per_token(llm: LlmConfig) -> int:
-    """Bytes of K and V for one token across all layers (whole model, before TP sharding)."""
-    return llm.num_layers * 2 * llm.num_kv_heads * llm.head_dim * kv_dtype_bytes(llm)
+    """Bytes of KV one more token of a sequence takes, all layers that keep every token (whole
+    model, before TP sharding); sliding-window and linear-attention layers take none."""
+    return full_attention_layers(llm) * kv_layer_bytes(llm)
+
+
+def kv_bytes_per_token_per_gpu(llm: LlmConfig, tp_size: int) -> int:
+    """`kv_bytes_per_token` on one GPU of a `tp_size` group (what sizes its KV pool)."""
+    return full_attention_layers(llm) * kv_layer_bytes(llm, tp_size)
+
+
+def window_kv_bytes(llm: LlmConfig, context: float) -> float:
+    """KV bytes the sliding-window layers hold (and attention reads) for one sequence of
+    `context` tokens (whole model): the last `sliding_window` tokens of each such layer."""
+    if llm.sliding_window is None:
+        return 0.0
+    return llm.num_sliding_window_layers * kv_layer_bytes(llm) * min(context, llm.sliding_window)
+
+
+def _attention_flops_per_layer_pair(llm: LlmConfig, decode: bool) -> float:
+    if llm.attention == "mla" and decode:
+        assert llm.kv_lora_rank is not None and llm.qk_rope_head_dim is not None
+        return 2.0 * llm.num_attention_heads * (2 * llm.kv_lora_rank + llm.qk_rope_head_dim)
+    return 4.0 * llm.num_attention_heads * llm.head_dim
+
+
+def attn_flops_per_pair(llm: LlmConfig, decode: bool = False) -> float:
+    """Attention flops (QK^T and PV, 2 per multiply-add) of one query token against one earlier
+    token, over the full-attention layers: 4 H d per layer; MLA decodes in its compressed form
+    (queries absorbed into the latent: QK^T over kv_lora_rank + qk_rope_head_dim, PV over
+    kv_lora_rank), 2 H (2 r + rope) per layer, and prefills over full heads."""
+    if llm.attention == "mla" and decode:
+        return full_attention_layers(llm) * _attention_flops_per_layer_pair(llm, decode)
+    return 4.0 * full_attention_layers(llm) * llm.num_attention_heads * llm.head_dim
+
+
+def window_attention_flops(llm: LlmConfig, tokens: float, context: float, decode: bool) -> float:
+    """Attention flops of `tokens` query tokens in the sliding-window layers, each attending
+    over `context` earlier tokens, at most the window (linear-attention layers: not counted)."""
+    if llm.sliding_window is None:
+        return 0.0
+    per_pair = _attention_flops_per_layer_pair(llm, decode) * llm.num_sliding_window_layers
+    return per_pair * tokens * min(context, llm.sliding_window)
 
 
 def transfer_bytes_per_token(cfg: Sections) -> int:
@@ -71,7 +127,7 @@ def derived_num_gpu_blocks(
     tp = engine.tp_size
     usable_bytes = cfg.hardware.hbm_gb * 1e9 * engine.gpu_memory_utilization * tp
     kv_bytes = usable_bytes - weight_bytes(cfg.llm) - engine.activation_reserve_gb * 1e9 * tp
-    block_bytes = engine.block_size * kv_bytes_per_token(cfg.llm)
+    block_bytes = engine.block_size * kv_bytes_per_token_per_gpu(cfg.llm, tp) * tp
     blocks = math.floor(kv_bytes / block_bytes)
     if blocks <= 0:
         raise ConfigError(
@@ -126,7 +182,7 @@ def cache_layout(cfg: Sections, engine: EngineConfig) -> tuple[int, int]:
     """A worker's physical KV layout: (block size, KV bytes per token on one GPU of its TP
     group). Workers may share a host or disk pool only when this is identical; it is the
     model's geometry, whatever a P/D link charges per token."""
-    return engine.block_size, kv_bytes_per_token(cfg.llm) // engine.tp_size
+    return engine.block_size, kv_bytes_per_token_per_gpu(cfg.llm, engine.tp_size)
 
 
 def kv_events_on(cfg: Sections) -> bool:

@@ -37,6 +37,37 @@ class LlmConfig(Schema):
         None, description="MoE: parameters one token's forward pass uses, in billions"
     )
 
+    # attention as the engines keep it: grouped-query (K and V of `num_kv_heads` heads per
+    # layer) or multi-head latent (MLA: one compressed latent of `kv_lora_rank` plus a shared
+    # rotary key of `qk_rope_head_dim` per layer, what vLLM and SGLang cache)
+    attention: Literal["gqa", "mla"] = Field("gqa", description="gqa or mla")
+    kv_lora_rank: int | None = Field(None, gt=0, description="mla: latent KV width")
+    qk_rope_head_dim: int | None = Field(None, gt=0, description="mla: rotary key width")
+    # layers that do not keep every token's KV: sliding-window layers keep the last
+    # `sliding_window` tokens; linear-attention layers (gated DeltaNet, Mamba) keep a state of
+    # fixed size per sequence instead (not counted as KV)
+    sliding_window: int | None = Field(None, gt=0, description="tokens a window layer keeps")
+    num_sliding_window_layers: int = Field(0, ge=0, description="layers with that window")
+    num_linear_attention_layers: int = Field(
+        0, ge=0, description="layers with a fixed-size state and no per-token KV"
+    )
+
+    @model_validator(mode="after")
+    def _attention_complete(self) -> LlmConfig:
+        mla = (self.kv_lora_rank, self.qk_rope_head_dim)
+        if self.attention == "mla" and None in mla:
+            raise ValueError("attention: mla needs kv_lora_rank and qk_rope_head_dim")
+        if self.attention == "gqa" and mla != (None, None):
+            raise ValueError("kv_lora_rank and qk_rope_head_dim are for attention: mla only")
+        if (self.sliding_window is None) != (self.num_sliding_window_layers == 0):
+            raise ValueError("sliding_window and num_sliding_window_layers go together")
+        if self.num_sliding_window_layers + self.num_linear_attention_layers >= self.num_layers:
+            raise ValueError(
+                "num_sliding_window_layers + num_linear_attention_layers must leave at least "
+                f"one full-attention layer of the {self.num_layers}"
+            )
+        return self
+
     @model_validator(mode="after")
     def _moe_complete(self) -> LlmConfig:
         moe = (self.num_experts, self.experts_per_token, self.active_params_b)

@@ -43,9 +43,12 @@ from typing import Any
 from servesim.config.derived import (
     DTYPE_BYTES,
     active_params,
+    attn_flops_per_pair,
     kv_bytes_per_token,
     weight_bytes,
     weight_bytes_read,
+    window_attention_flops,
+    window_kv_bytes,
 )
 from servesim.config.schema import HardwareConfig, LlmConfig
 from servesim.timing.base import new_tokens
@@ -144,7 +147,7 @@ class CalibratedRoofline:
         self.llm, self.hw = llm, hw
         self.weight_bytes = weight_bytes(llm)
         self.gemm_flops_per_token = 2.0 * (active_params(llm) - llm.vocab_size * llm.hidden_size)
-        self.attn_flops_per_pair = 4.0 * llm.num_layers * llm.num_attention_heads * llm.head_dim
+        self.attn_flops_per_pair = attn_flops_per_pair(llm)
         self.kv_bytes_per_token = kv_bytes_per_token(llm)
         self.set_factors(factors)
 
@@ -184,10 +187,25 @@ class CalibratedRoofline:
         t = new_tokens(n, mean_isl, mean_prefix)
         if t <= 0:
             return 0.0
-        chunk = t / n
-        attn = self.attn_flops_per_pair * t * (mean_prefix + chunk / 2) / self.attn_flops_per_ms
-        attn += self.kv_bytes_per_token * n * mean_isl / self.bytes_per_ms
+        attn = self._attention_ms(n, mean_isl, mean_prefix, t, 0, 0)
         return _finite(self._gemm_ms(t) + attn + self._comm_ms(t) + self.f["o_p"], "prefill")
+
+    def _attention_ms(
+        self, n: int, mean_isl: int, mean_prefix: int, t: int, batch: int, mean_context: int
+    ) -> float:
+        """Attention of a pass: the prefill part's flops (n sequences, t new tokens), and
+        reading the KV of its sequences and of the decode part's `batch`."""
+        llm = self.llm
+        attn = 0.0
+        if t:
+            context = mean_prefix + t / n / 2
+            attn = self.attn_flops_per_pair * t * context / self.attn_flops_per_ms
+            attn += window_attention_flops(llm, t, context, False) / self.attn_flops_per_ms
+        attn += self.kv_bytes_per_token * (n * mean_isl + batch * mean_context) / self.bytes_per_ms
+        if llm.sliding_window is not None:
+            window = window_kv_bytes(llm, mean_isl) * n + window_kv_bytes(llm, mean_context) * batch
+            attn += window / self.bytes_per_ms
+        return attn
 
     def decode_ms(
         self, batch: int, active_kv_tokens: int, total_kv_tokens: int, mean_context: int
@@ -195,7 +213,7 @@ class CalibratedRoofline:
         if batch <= 0:
             return 0.0
         tokens = batch * self.decode_tokens_per_seq
-        attn = self.kv_bytes_per_token * batch * mean_context / self.bytes_per_ms
+        attn = self._attention_ms(0, 0, 0, 0, batch, mean_context)
         fixed = self.f["o_d"] + _factor(self.f, "o_seq") * batch
         return _finite(self._gemm_ms(tokens) + attn + self._comm_ms(tokens) + fixed, "decode")
 
@@ -207,9 +225,7 @@ class CalibratedRoofline:
         of both, and the prefill part's fixed cost plus the per-sequence cost."""
         t = new_tokens(n, mean_isl, mean_prefix)
         tokens = t + batch * self.decode_tokens_per_seq
-        chunk = t / n
-        attn = self.attn_flops_per_pair * t * (mean_prefix + chunk / 2) / self.attn_flops_per_ms
-        attn += self.kv_bytes_per_token * (n * mean_isl + batch * mean_context) / self.bytes_per_ms
+        attn = self._attention_ms(n, mean_isl, mean_prefix, t, batch, mean_context)
         fixed = self.f["o_p"] + _factor(self.f, "o_seq") * batch
         return _finite(self._gemm_ms(tokens) + attn + self._comm_ms(tokens) + fixed, "mixed")
 

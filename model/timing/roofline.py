@@ -9,6 +9,10 @@ T = n (isl - prefix) new tokens, chunk c = T / n):
     prefill bytes = W + kv_bytes_per_token x n x isl
     decode flops  = n (2 P_gemm + 4 L H d ctx)                     (ctx = mean sequence length)
     decode bytes  = W + kv_bytes_per_token x n x ctx
+
+L counts the full-attention layers; sliding-window layers add the same terms over at most their
+window, linear-attention layers none; an MLA model decodes with 2 H (2 r + rope) in place of
+4 H d (servesim.config.derived, docs/timing.md).
     t_comp = flops / (tp x peak x compute_efficiency),  t_mem = bytes / (tp x HBM B/s x
     memory_efficiency),  t_comm = 2 L (tp - 1)/tp x tokens x hidden x 2 B / NVLink B/s
     t = max(t_comp, t_mem) + t_comm + overhead
@@ -29,8 +33,11 @@ from __future__ import annotations
 from servesim.config.derived import (
     DTYPE_BYTES,
     active_params,
+    attn_flops_per_pair,
     kv_bytes_per_token,
     weight_bytes_read,
+    window_attention_flops,
+    window_kv_bytes,
 )
 from servesim.config.schema import HardwareConfig, LlmConfig, RooflineTiming
 from servesim.timing.base import new_tokens
@@ -61,7 +68,8 @@ class Roofline:
         gemm_params = active_params(llm) - llm.vocab_size * llm.hidden_size
         self.gemm_flops_per_token = 2.0 * gemm_params
         # 2 matmuls (QK^T, PV) x 2 flops per MAC, over every layer's query heads
-        self.attn_flops_per_pair = 4.0 * llm.num_layers * llm.num_attention_heads * llm.head_dim
+        self.attn_flops_per_pair = attn_flops_per_pair(llm)
+        self.attn_flops_per_pair_decode = attn_flops_per_pair(llm, decode=True)
         self.kv_bytes_per_token = kv_bytes_per_token(llm)
         act_bytes = DTYPE_BYTES["bfloat16"]
         if tp_size > 1:
@@ -79,10 +87,12 @@ class Roofline:
         if t <= 0:
             return 0.0
         chunk = t / n
-        flops = self.gemm_flops_per_token * t + self.attn_flops_per_pair * t * (
-            mean_prefix + chunk / 2
-        )
-        bytes_ = weight_bytes_read(self.llm, t) + self.kv_bytes_per_token * n * mean_isl
+        llm = self.llm
+        context = mean_prefix + chunk / 2
+        flops = self.gemm_flops_per_token * t + self.attn_flops_per_pair * t * context
+        flops += window_attention_flops(llm, t, context, decode=False)
+        bytes_ = weight_bytes_read(llm, t) + self.kv_bytes_per_token * n * mean_isl
+        bytes_ += window_kv_bytes(llm, mean_isl) * n
         return self._part_ms(flops, bytes_, t, self.cfg.prefill_overhead_ms)
 
     def decode_ms(
@@ -91,8 +101,9 @@ class Roofline:
         if batch <= 0:
             return 0.0
         tokens = batch * self.decode_tokens_per_seq
-        flops = tokens * (self.gemm_flops_per_token + self.attn_flops_per_pair * mean_context)
-        bytes_ = (
-            weight_bytes_read(self.llm, tokens) + self.kv_bytes_per_token * batch * mean_context
-        )
+        llm = self.llm
+        per_token = self.gemm_flops_per_token + self.attn_flops_per_pair_decode * mean_context
+        flops = tokens * per_token + window_attention_flops(llm, tokens, mean_context, decode=True)
+        bytes_ = weight_bytes_read(llm, tokens) + self.kv_bytes_per_token * batch * mean_context
+        bytes_ += window_kv_bytes(llm, mean_context) * batch
         return self._part_ms(flops, bytes_, tokens, self.cfg.decode_overhead_ms)

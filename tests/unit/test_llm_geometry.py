@@ -1,0 +1,106 @@
+"""Model geometry as the engines keep it: KV bytes per token for grouped-query and latent (MLA)
+attention, sliding-window and linear-attention layers, KV per GPU of a TP group, attention
+flops; each against numbers worked out by hand."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from servesim.config.derived import (
+    attn_flops_per_pair,
+    full_attention_layers,
+    kv_bytes_per_token,
+    kv_bytes_per_token_per_gpu,
+    window_attention_flops,
+    window_kv_bytes,
+)
+from servesim.config.schema import LlmConfig
+
+GQA = dict(
+    name="gqa",
+    num_layers=32,
+    hidden_size=4096,
+    num_attention_heads=32,
+    num_kv_heads=8,
+    head_dim=128,
+    vocab_size=128256,
+    num_params_b=8.0,
+)
+# DeepSeek-V3's attention: 61 layers, 128 heads, a 512-wide latent and a 64-wide rotary key
+MLA = dict(
+    name="mla",
+    num_layers=61,
+    hidden_size=7168,
+    num_attention_heads=128,
+    num_kv_heads=128,
+    head_dim=192,
+    vocab_size=129280,
+    num_params_b=671.0,
+    attention="mla",
+    kv_lora_rank=512,
+    qk_rope_head_dim=64,
+)
+
+
+def llm(base: dict, **changes) -> LlmConfig:
+    return LlmConfig(**{**base, **changes})
+
+
+def test_grouped_query_kv_is_k_and_v_of_every_kv_head_in_every_layer():
+    m = llm(GQA)
+    assert kv_bytes_per_token(m) == 32 * 2 * 8 * 128 * 2 == 131072
+    assert kv_bytes_per_token_per_gpu(m, 4) == 131072 // 4
+
+
+def test_a_tp_group_larger_than_the_kv_heads_holds_copies():
+    """8 KV heads over 16 GPUs: each GPU still holds one whole head (a head is never split)."""
+    m = llm(GQA)
+    assert kv_bytes_per_token_per_gpu(m, 8) == 32 * 2 * 1 * 128 * 2
+    assert kv_bytes_per_token_per_gpu(m, 16) == kv_bytes_per_token_per_gpu(m, 8)
+
+
+def test_mla_keeps_one_latent_and_rotary_key_per_layer_on_every_gpu():
+    m = llm(MLA)
+    assert kv_bytes_per_token(m) == 61 * (512 + 64) * 2 == 70272
+    assert kv_bytes_per_token_per_gpu(m, 8) == 70272, "the latent is not split over TP"
+    assert kv_bytes_per_token(llm(MLA, kv_dtype="fp8")) == 61 * 576
+
+
+def test_sliding_window_and_linear_layers_take_no_per_token_kv():
+    """gpt-oss-like: 36 layers, half of them with a 128-token window; a hybrid with 3 of 4
+    layers linear attention keeps per-token KV in the other quarter only."""
+    window = llm(GQA, num_layers=36, sliding_window=128, num_sliding_window_layers=18)
+    per_layer = 2 * 8 * 128 * 2
+    assert full_attention_layers(window) == 18
+    assert kv_bytes_per_token(window) == 18 * per_layer
+    assert window_kv_bytes(window, 100) == 18 * per_layer * 100
+    assert window_kv_bytes(window, 5000) == 18 * per_layer * 128
+    hybrid = llm(GQA, num_layers=48, num_linear_attention_layers=36)
+    assert kv_bytes_per_token(hybrid) == 12 * per_layer
+    assert window_kv_bytes(hybrid, 5000) == 0
+
+
+def test_attention_flops_per_pair():
+    assert attn_flops_per_pair(llm(GQA)) == 4 * 32 * 32 * 128
+    m = llm(MLA)
+    assert attn_flops_per_pair(m) == 4 * 61 * 128 * 192, "prefill: full heads"
+    assert attn_flops_per_pair(m, decode=True) == 2 * 61 * 128 * (2 * 512 + 64), "absorbed"
+    window = llm(GQA, num_layers=36, sliding_window=128, num_sliding_window_layers=18)
+    assert attn_flops_per_pair(window) == 4 * 18 * 32 * 128
+    assert window_attention_flops(window, 10, 1000, False) == 4 * 32 * 128 * 18 * 10 * 128
+
+
+@pytest.mark.parametrize(
+    "changes, needle",
+    [
+        (dict(attention="mla"), "mla needs kv_lora_rank"),
+        (dict(kv_lora_rank=512), "for attention: mla only"),
+        (dict(sliding_window=128), "go together"),
+        (dict(num_sliding_window_layers=4), "go together"),
+        (dict(num_linear_attention_layers=32), "at least one full-attention layer"),
+    ],
+)
+def test_incomplete_attention_geometry_is_refused(changes, needle):
+    with pytest.raises(ValidationError, match=needle):
+        llm(GQA, **changes)
