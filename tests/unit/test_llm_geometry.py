@@ -104,3 +104,37 @@ def test_attention_flops_per_pair():
 def test_incomplete_attention_geometry_is_refused(changes, needle):
     with pytest.raises(ValidationError, match=needle):
         llm(GQA, **changes)
+
+
+@pytest.mark.parametrize(
+    "option, kv_bytes",
+    [
+        ("deepseek_v3", 61 * (512 + 64) * 2),
+        ("kimi_k2_5", 61 * (512 + 64) * 2),
+        ("glm5", 78 * (512 + 64) * 2),
+        ("minimax_m2_5", 62 * 2 * 8 * 128 * 2),
+        ("qwen3_5_397b_a17b", 15 * 2 * 2 * 256 * 2),
+        ("gpt_oss_120b", 18 * 2 * 8 * 64 * 2),
+    ],
+)
+def test_shipped_models_keep_the_kv_their_engines_keep(option, kv_bytes):
+    """In bfloat16, what vLLM and SGLang cache per token (docs/config.md's table)."""
+    from servesim import compose
+
+    assert kv_bytes_per_token(compose([f"llm={option}"]).llm) == kv_bytes
+
+
+def test_an_mla_pool_is_sized_with_the_latent_on_every_gpu():
+    """DeepSeek-V3 (fp8 weights, bf16 KV) on 8 H200s: each GPU holds its share of the
+    weights and the whole latent of every cached token."""
+    from servesim import compose
+    from servesim.config.derived import num_gpu_blocks
+
+    cfg = compose(
+        ["llm=deepseek_v3", "hardware=h200_sxm", "engine.tp_size=8", "engine.num_gpu_blocks=null"]
+    )
+    e = cfg.engine
+    per_gpu = cfg.hardware.hbm_gb * 1e9 * e.gpu_memory_utilization - e.activation_reserve_gb * 1e9
+    free = 8 * per_gpu - 671e9
+    per_token_all_gpus = 8 * 61 * 576 * 2
+    assert num_gpu_blocks(cfg) == int(free // (e.block_size * per_token_all_gpus))
