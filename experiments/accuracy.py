@@ -14,7 +14,9 @@ API (as experiments/compare_dynamo.py does) and runs `model.simulate`:
 * llm: the row's `model_path` through MODELS (a Hugging Face id -> conf/llm option),
   `llm.dtype` from `precision` (fp8, fp4; bf16 or empty: bfloat16), `llm.kv_dtype` bfloat16
   (vLLM's default), fp8 on B200 (KV_DTYPES says why);
-* hardware: the row's `system` through SYSTEMS; `engine.tp_size` = `tp_size`;
+* hardware: the row's `system` through SYSTEMS; `engine.tp_size` = `tp_size` (a MoE row's
+  expert parallelism, `moe_ep_size`, spreads the experts over the same GPUs: priced as TP);
+* engine: the row's `backend` through ENGINES (vLLM, SGLang and TRT-LLM each its scheduler);
 * the measured load: a closed loop at `batch_size` requests in flight
   (`load=concurrency`), 10 x `batch_size` single-turn synthetic requests whose input and output
   lengths are drawn uniformly from 80-100 % of `isl` / `osl`, no shared prefix, prefix caching
@@ -22,9 +24,9 @@ API (as experiments/compare_dynamo.py does) and runs `model.simulate`:
   from HBM, one aggregated worker behind round robin, a fixed seed;
 * timing: `timing=roofline` (or `--timing`, any conf/timing option), then every `--override`.
 
-Rows it does not run are counted by reason (the first that applies): mode (only `agg`), MoE
-models, other unsupported models, systems, precisions, `pp_size` > 1, `attention_dp_size` > 1,
-an incomplete row. A run that fails (e.g. the weights leave no room for KV at that TP:
+Rows it does not run are counted by reason (the first that applies): mode (only `agg`),
+backends, models, systems, precisions (int4), `pp_size` > 1, `attention_dp_size` > 1, an
+incomplete row. A run that fails (e.g. the weights leave no room for KV at that TP:
 ConfigError) is recorded with its message and left out of the MAPE.
 
 Points run in a process pool (`--jobs`, default os.cpu_count()), the slowest-looking first;
@@ -63,30 +65,27 @@ from servesim import RunConfig, compose, simulate
 REPO = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO / "conf"
 
-# Hugging Face id -> conf/llm option (dense models only; the Instruct and NVFP4 checkpoints
-# have the base model's geometry)
+# Hugging Face id -> conf/llm option (the Instruct, NVFP4 and FP8 checkpoints have the base
+# model's geometry; DeepSeek-R1 and V3.1 DeepSeek-V3's)
 MODELS: dict[str, str] = {
     "meta-llama/Llama-3.1-70B": "llama3_70b",
     "meta-llama/Llama-3.1-8B": "llama3_8b",
     "meta-llama/Llama-3.1-8B-Instruct": "llama3_8b",
     "Qwen/Qwen3-32B": "qwen3_32b",
     "nvidia/Qwen3-32B-NVFP4": "qwen3_32b",
+    "Qwen/Qwen3-235B-A22B-FP8": "qwen3_235b_a22b",
+    "Qwen/Qwen3.5-397B-A17B": "qwen3_5_397b_a17b",
+    "deepseek-ai/DeepSeek-R1": "deepseek_v3",
+    "deepseek-ai/DeepSeek-V3": "deepseek_v3",
+    "nvidia/DeepSeek-R1-NVFP4": "deepseek_v3",
+    "nvidia/DeepSeek-V3.1-NVFP4": "deepseek_v3",
+    "moonshotai/Kimi-K2.5": "kimi_k2_5",
+    "zhipuai/GLM-5": "glm5",
+    "MiniMaxAI/MiniMax-M2.5": "minimax_m2_5",
+    "openai/gpt-oss-120b": "gpt_oss_120b",
 }
-# mixture-of-experts models in the silicon data: servesim models dense transformers only
-MOE_MODELS: frozenset[str] = frozenset(
-    {
-        "deepseek-ai/DeepSeek-R1",
-        "deepseek-ai/DeepSeek-V3",
-        "nvidia/DeepSeek-R1-NVFP4",
-        "nvidia/DeepSeek-V3.1-NVFP4",
-        "MiniMaxAI/MiniMax-M2.5",
-        "moonshotai/Kimi-K2.5",
-        "openai/gpt-oss-120b",
-        "Qwen/Qwen3-235B-A22B-FP8",
-        "Qwen/Qwen3.5-397B-A17B",
-        "zhipuai/GLM-5",
-    }
-)
+# silicon `backend` -> conf/engine option: each backend's rows run its own scheduler
+ENGINES: dict[str, str] = {"vllm": "vllm", "sglang": "sglang", "trtllm": "trtllm"}
 # silicon `system` -> conf/hardware option
 SYSTEMS: dict[str, str] = {"h100_sxm": "h100_sxm", "h200_sxm": "h200_sxm", "b200_sxm": "b200"}
 # silicon `precision` (weights) -> llm.dtype; "" is an empty cell (unquantized checkpoints)
@@ -128,7 +127,7 @@ REQUIRED_COLUMNS = (
 # skip reasons, in the order they are checked (a row counts under the first that applies)
 SKIP_REASONS = (
     "mode",
-    "MoE",
+    "backend",
     "model",
     "system",
     "precision",
@@ -188,6 +187,7 @@ class Point:
     id: str
     system: str
     backend: str
+    engine: str
     model: str
     llm: str
     hardware: str
@@ -263,8 +263,9 @@ def map_row(row: Mapping[str, Any]) -> Point | Skip:
     precision = _text(row["precision"])
     if mode != "agg":
         return Skip(rid, "mode", f"mode {mode or '(empty)'}: only agg is reproduced")
-    if model in MOE_MODELS:
-        return Skip(rid, "MoE", f"{model} is a mixture-of-experts model")
+    backend = _text(row["backend"])
+    if backend not in ENGINES:
+        return Skip(rid, "backend", f"unsupported backend {backend or '(empty)'}")
     if model not in MODELS:
         return Skip(rid, "model", f"unsupported model {model or '(empty)'}")
     if system not in SYSTEMS:
@@ -286,7 +287,8 @@ def map_row(row: Mapping[str, Any]) -> Point | Skip:
     return Point(
         id=rid,
         system=system,
-        backend=_text(row["backend"]),
+        backend=backend,
+        engine=ENGINES[backend],
         model=model,
         llm=MODELS[model],
         hardware=SYSTEMS[system],
@@ -336,6 +338,7 @@ def point_overrides(point: Point, timing: str = "roofline", seed: int = 0) -> li
         f"llm.dtype={point.dtype}",
         f"llm.kv_dtype={kv_dtype_for(point.system)}",
         f"hardware={point.hardware}",
+        f"engine={point.engine}",
         f"timing={timing}",
         "topology=aggregated",
         "topology.num_workers=1",

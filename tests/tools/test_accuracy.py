@@ -23,7 +23,12 @@ accuracy = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = accuracy  # dataclasses, and the process pool's pickles, look it up
 _spec.loader.exec_module(accuracy)
 
-RUNNABLE = ["tiny_70b_h100_fp8_c2_tp1", "tiny_8b_h100_bf16_c2_tp1", "tiny_8b_h100_fp8_c4_tp2"]
+RUNNABLE = [
+    "tiny_70b_h100_fp8_c2_tp1",
+    "tiny_8b_h100_bf16_c2_tp1",
+    "tiny_8b_h100_fp8_c4_tp2",
+    "tiny_dsr1_b200_fp8_c2_tp8",
+]
 SKIPPED = {
     "tiny_32b_h100_int4_c2_tp1": "precision",
     "tiny_8b_a100_bf16_c2_tp1": "system",
@@ -31,7 +36,6 @@ SKIPPED = {
     "tiny_8b_h100_bf16_c2_no_tpot": "incomplete row",
     "tiny_8b_h100_bf16_c2_pp2": "pp_size > 1",
     "tiny_8b_h100_bf16_disagg": "mode",
-    "tiny_dsr1_b200_fp8_c2_tp8": "MoE",
     "tiny_mistral_h100_bf16_c2_tp1": "model",
 }
 
@@ -42,8 +46,8 @@ def tiny_points() -> dict[str, object]:
 
 
 def test_rows_map_to_points_or_skip_reasons() -> None:
-    """vLLM rows: three dense-model agg rows run (sorted by id), each other row is skipped for
-    the first reason that applies; the sglang row is not selected at all."""
+    """vLLM rows: four agg rows run (sorted by id; a MoE one among them), each other row is
+    skipped for the first reason that applies; the sglang row is not selected at all."""
     df = accuracy.read_silicon(TINY)
     chosen = accuracy.select(df, "vllm", None)
     assert len(df) == 12 and len(chosen) == 11
@@ -52,7 +56,7 @@ def test_rows_map_to_points_or_skip_reasons() -> None:
     assert {s.id: s.reason for s in skips} == SKIPPED
     assert [s.id for s in skips] == sorted(SKIPPED)
     assert accuracy.skip_summary(skips) == (
-        "mode 1, MoE 1, model 1, system 1, precision 1, pp_size > 1 1, "
+        "mode 1, model 1, system 1, precision 1, pp_size > 1 1, "
         "attention_dp_size > 1 1, incomplete row 1"
     )
     p = {p.id: p for p in points}
@@ -176,7 +180,7 @@ def test_main_end_to_end_in_parallel_matches_serial(tmp_path: Path, capsys) -> N
         argv = ["--silicon", str(TINY), "--backend", "vllm", "--jobs", str(jobs)]
         assert accuracy.main([*argv, "--out", str(out), "--markdown", str(md)]) == 0
         lines = capsys.readouterr().out.strip().splitlines()
-        assert re.fullmatch(r"TTFT MAPE \d+\.\d% TPOT MAPE \d+\.\d% over 2 rows", lines[-1])
+        assert re.fullmatch(r"TTFT MAPE \d+\.\d% TPOT MAPE \d+\.\d% over 3 rows", lines[-1])
         assert md.read_text().strip().splitlines()[-1] == lines[-1]
         outs[jobs] = pd.read_csv(out)
     df = outs[1]
@@ -186,7 +190,7 @@ def test_main_end_to_end_in_parallel_matches_serial(tmp_path: Path, capsys) -> N
     assert status["tiny_70b_h100_fp8_c2_tp1"] == "failed"
     assert all(status[i] == "skipped" for i in SKIPPED)
     note = dict(zip(df["id"], df["note"], strict=True))
-    assert note["tiny_dsr1_b200_fp8_c2_tp8"].startswith("MoE: deepseek-ai/DeepSeek-R1")
+    assert note["tiny_mistral_h100_bf16_c2_tp1"].startswith("model: unsupported model")
     same = ["id", "status", "predicted_ttft_ms", "predicted_tpot_ms", "completed_requests"]
     pd.testing.assert_frame_equal(outs[1][same], outs[2][same])
 
@@ -208,3 +212,20 @@ def test_bad_csv_exits_2_naming_the_file_and_column(tmp_path: Path, capsys) -> N
     assert accuracy.main(["--silicon", str(TINY), "--override", "engine.nope=1", "--out", out]) == 2
     assert "does not compose" in capsys.readouterr().err
     assert not Path(out).exists()
+
+
+def test_each_backend_runs_its_own_engine() -> None:
+    """An SGLang row runs engine=sglang (its 1-token pages), a vLLM row engine=vllm; a MoE row
+    composes its geometry (DeepSeek-R1: MLA, 8-way TP on B200)."""
+    df = accuracy.read_silicon(TINY)
+    (sglang,), _ = accuracy.plan(accuracy.select(df, "sglang", "agg"))
+    cfg = accuracy.compose_point_config(sglang)
+    assert (cfg.engine.kind, cfg.engine.block_size) == ("sglang", 1)
+    moe = tiny_points()["tiny_dsr1_b200_fp8_c2_tp8"]
+    cfg = accuracy.compose_point_config(moe)
+    assert (cfg.engine.kind, cfg.llm.name, cfg.llm.attention, cfg.engine.tp_size) == (
+        "vllm",
+        "deepseek_v3",
+        "mla",
+        8,
+    )
