@@ -25,7 +25,7 @@ API (as experiments/compare_dynamo.py does) and runs `model.simulate`:
 * timing: `timing=roofline` (or `--timing`, any conf/timing option), then every `--override`.
 
 Rows it does not run are counted by reason (the first that applies): mode (only `agg`),
-backends, models, systems, precisions (int4), `pp_size` > 1, `attention_dp_size` > 1, an
+backends, models, systems, precisions, `pp_size` > 1, `attention_dp_size` > 1, an
 incomplete row. A run that fails (e.g. the weights leave no room for KV at that TP:
 ConfigError) is recorded with its message and left out of the MAPE.
 
@@ -89,7 +89,13 @@ ENGINES: dict[str, str] = {"vllm": "vllm", "sglang": "sglang", "trtllm": "trtllm
 # silicon `system` -> conf/hardware option
 SYSTEMS: dict[str, str] = {"h100_sxm": "h100_sxm", "h200_sxm": "h200_sxm", "b200_sxm": "b200"}
 # silicon `precision` (weights) -> llm.dtype; "" is an empty cell (unquantized checkpoints)
-PRECISIONS: dict[str, str] = {"fp8": "fp8", "fp4": "fp4", "bf16": "bfloat16", "": "bfloat16"}
+PRECISIONS: dict[str, str] = {
+    "fp8": "fp8",
+    "fp4": "fp4",
+    "int4": "int4",
+    "bf16": "bfloat16",
+    "": "bfloat16",
+}
 # KV dtype per system: vLLM's default keeps KV in bfloat16, which reproduces the H100 points
 # (the 70B tp2 points whose TTFT jumps to 30-59 s queue for bf16 KV in servesim too). The B200
 # points cannot have: at tp1, batch 64, 1024x8192 their KV in bf16 is 64 x 9,216 x 327,680 B =

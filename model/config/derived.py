@@ -18,15 +18,16 @@ DTYPE_BYTES: dict[str, float] = {
     "fp8": 1,
     "int8": 1,
     "fp4": 0.5625,
+    "int4": 0.5625,  # weight-only INT4, a 16-bit scale per 32 values
 }
 
 
 def kv_dtype_bytes(llm: LlmConfig) -> int:
-    """Bytes per KV element: `kv_dtype`, or with `auto` the weights' dtype (bfloat16 for fp4
-    weights: no engine keeps KV in FP4)."""
+    """Bytes per KV element: `kv_dtype`, or with `auto` the weights' dtype (bfloat16 for 4-bit
+    weights: no engine keeps KV in 4 bits)."""
     if llm.kv_dtype != "auto":
         return int(DTYPE_BYTES[llm.kv_dtype])
-    return 2 if llm.dtype == "fp4" else int(DTYPE_BYTES[llm.dtype])
+    return 2 if llm.dtype in ("fp4", "int4") else int(DTYPE_BYTES[llm.dtype])
 
 
 def full_attention_layers(llm: LlmConfig) -> int:

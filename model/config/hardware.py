@@ -22,8 +22,10 @@ class LlmConfig(Schema):
     head_dim: int = Field(gt=0)
     vocab_size: int = Field(gt=0)
     num_params_b: PositiveFloat = Field(description="parameter count in billions")
-    dtype: Literal["bfloat16", "float16", "float32", "fp8", "int8", "fp4"] = Field(
-        "bfloat16", description="weights (fp4: NVFP4, 4.5 bits with its block scales)"
+    dtype: Literal["bfloat16", "float16", "float32", "fp8", "int8", "fp4", "int4"] = Field(
+        "bfloat16",
+        description="weights (fp4: NVFP4, 4.5 bits with its block scales; int4: weight-only, "
+        "4.5 bits with a scale per 32, computed in bfloat16)",
     )
     kv_dtype: Literal["auto", "bfloat16", "float16", "float32", "fp8", "int8"] = Field(
         "auto", description="auto: the weights' dtype (bfloat16 for fp4 weights)"

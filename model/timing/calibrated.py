@@ -78,7 +78,13 @@ def family_of(hw: HardwareConfig) -> str:
     return "unknown"
 
 
-def weight_class(llm: LlmConfig) -> str:
+def weight_class(llm: LlmConfig, hw: HardwareConfig | None = None) -> str:
+    """The tensor-core rate the GEMMs run at, which keys the fitted factors: fp8 for 8-bit
+    weights, fp4 for NVFP4 on a GPU with FP4 tensor cores; bf16 otherwise, weight-only 4-bit
+    weights included (INT4, or FP4 on a GPU without FP4 tensor cores, e.g. MXFP4 on Hopper:
+    the engines dequantize them and multiply in bfloat16)."""
+    if llm.dtype == "fp4" and hw is not None and hw.fp4_tflops is None:
+        return "bf16"
     return {"fp8": "fp8", "int8": "fp8", "fp4": "fp4"}.get(llm.dtype, "bf16")
 
 
@@ -111,7 +117,7 @@ def calibrated_factors(
     llm: LlmConfig, hw: HardwareConfig, path: str | None = None
 ) -> tuple[dict[str, float], str]:
     """The fitted factors for this model's weight dtype on this GPU family, and their source."""
-    return lookup(load_factors(path or str(FACTORS_PATH)), family_of(hw), weight_class(llm))
+    return lookup(load_factors(path or str(FACTORS_PATH)), family_of(hw), weight_class(llm, hw))
 
 
 class CalibratedRoofline:
@@ -128,22 +134,16 @@ class CalibratedRoofline:
         # tokens a decode step computes per sequence: 1, or k + 1 verifying k drafts
         self.decode_tokens_per_seq = decode_tokens_per_seq
         self.family = family_of(hw)
-        self.dtype = weight_class(llm)
+        self.dtype = weight_class(llm, hw)
         if factors is None:
             factors, self.source = lookup(
                 load_factors(path or str(FACTORS_PATH)), self.family, self.dtype
             )
         else:
             self.source = "given"
-        self.peak_tflops = {"fp4": hw.fp4_tflops, "fp8": hw.fp8_tflops, "bf16": hw.bf16_tflops}[
-            self.dtype
-        ]
-        if self.peak_tflops is None:
-            raise ValueError(
-                f"timing=calibrated_roofline: {hw.name} has no fp4 tensor rate "
-                f"(hardware.fp4_tflops) for llm.dtype=fp4; set it, or price fp8 weights "
-                "(llm.dtype=fp8), or use timing=aiconfigurator on a GPU its tables cover"
-            )
+        peak = {"fp4": hw.fp4_tflops, "fp8": hw.fp8_tflops, "bf16": hw.bf16_tflops}[self.dtype]
+        assert peak is not None  # (fp4 only on a GPU with an fp4 rate: `weight_class`)
+        self.peak_tflops: float = peak
         self.llm, self.hw = llm, hw
         self.weight_bytes = weight_bytes(llm)
         self.gemm_flops_per_token = 2.0 * (active_params(llm) - llm.vocab_size * llm.hidden_size)

@@ -24,13 +24,14 @@ sys.modules[_spec.name] = accuracy  # dataclasses, and the process pool's pickle
 _spec.loader.exec_module(accuracy)
 
 RUNNABLE = [
+    "tiny_32b_h100_int4_c2_tp1",
     "tiny_70b_h100_fp8_c2_tp1",
     "tiny_8b_h100_bf16_c2_tp1",
     "tiny_8b_h100_fp8_c4_tp2",
     "tiny_dsr1_b200_fp8_c2_tp8",
 ]
 SKIPPED = {
-    "tiny_32b_h100_int4_c2_tp1": "precision",
+    "tiny_32b_h100_int2_c2_tp1": "precision",
     "tiny_8b_a100_bf16_c2_tp1": "system",
     "tiny_8b_h100_bf16_c2_dp2": "attention_dp_size > 1",
     "tiny_8b_h100_bf16_c2_no_tpot": "incomplete row",
@@ -46,11 +47,11 @@ def tiny_points() -> dict[str, object]:
 
 
 def test_rows_map_to_points_or_skip_reasons() -> None:
-    """vLLM rows: four agg rows run (sorted by id; a MoE one among them), each other row is
+    """vLLM rows: five agg rows run (sorted by id; MoE and INT4 ones among them), each other row is
     skipped for the first reason that applies; the sglang row is not selected at all."""
     df = accuracy.read_silicon(TINY)
     chosen = accuracy.select(df, "vllm", None)
-    assert len(df) == 12 and len(chosen) == 11
+    assert len(df) == 13 and len(chosen) == 12
     points, skips = accuracy.plan(chosen)
     assert [p.id for p in points] == RUNNABLE
     assert {s.id: s.reason for s in skips} == SKIPPED
@@ -180,13 +181,13 @@ def test_main_end_to_end_in_parallel_matches_serial(tmp_path: Path, capsys) -> N
         argv = ["--silicon", str(TINY), "--backend", "vllm", "--jobs", str(jobs)]
         assert accuracy.main([*argv, "--out", str(out), "--markdown", str(md)]) == 0
         lines = capsys.readouterr().out.strip().splitlines()
-        assert re.fullmatch(r"TTFT MAPE \d+\.\d% TPOT MAPE \d+\.\d% over 3 rows", lines[-1])
+        assert re.fullmatch(r"TTFT MAPE \d+\.\d% TPOT MAPE \d+\.\d% over 4 rows", lines[-1])
         assert md.read_text().strip().splitlines()[-1] == lines[-1]
         outs[jobs] = pd.read_csv(out)
     df = outs[1]
     assert list(df["id"]) == sorted(RUNNABLE + list(SKIPPED))
     status = dict(zip(df["id"], df["status"], strict=True))
-    assert [i for i in RUNNABLE if status[i] == "ok"] == RUNNABLE[1:]
+    assert [i for i in RUNNABLE if status[i] != "ok"] == ["tiny_70b_h100_fp8_c2_tp1"]
     assert status["tiny_70b_h100_fp8_c2_tp1"] == "failed"
     assert all(status[i] == "skipped" for i in SKIPPED)
     note = dict(zip(df["id"], df["note"], strict=True))

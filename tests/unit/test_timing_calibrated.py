@@ -89,10 +89,16 @@ def test_family_by_name_or_given():
     )
 
 
-def test_fp4_needs_an_fp4_rate():
-    llm = LLAMA8B_CFG.model_copy(update={"dtype": "fp4"})
-    with pytest.raises(ValueError, match="no fp4 tensor rate"):
-        CalibratedRoofline(llm, H100_CFG.model_copy(update={"fp4_tflops": None}), 1, factors=F)
+def test_4_bit_weights_without_fp4_tensor_cores_multiply_in_bf16():
+    """FP4 weights on a GPU without an FP4 rate (MXFP4 on Hopper), and INT4 weights anywhere,
+    are weight-only: 4.5-bit weights read from HBM, GEMMs at the bf16 rate with its factors."""
+    fp4 = LLAMA8B_CFG.model_copy(update={"dtype": "fp4"})
+    int4 = LLAMA8B_CFG.model_copy(update={"dtype": "int4"})
+    bf16 = CalibratedRoofline(LLAMA8B_CFG, H100_CFG, 1)
+    for llm in (fp4, int4):
+        t = CalibratedRoofline(llm, H100_CFG.model_copy(update={"fp4_tflops": None}), 1)
+        assert (t.dtype, t.peak_tflops, t.f) == ("bf16", H100_CFG.bf16_tflops, bf16.f)
+        assert t.weight_bytes == bf16.weight_bytes * 0.5625 / 2
 
 
 def test_shipped_table_has_the_dev_set_groups():
