@@ -50,6 +50,7 @@ from servesim.config.compose import composition_message, to_data
 from servesim.config.load import ConfigError, validate_config
 from servesim.sim import Result, simulate
 from servesim.speed import native
+from servesim.timing import geometry_ignored
 from servesim.workload.errors import TraceError
 
 EXIT_OK = 0
@@ -109,8 +110,13 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 
 def simulate_and_write(cfg: DictConfig, out_dir: str | Path) -> Result:
-    """Validate a composed config, simulate it, write the run directory."""
-    result = simulate(validate_config(to_data(cfg)))
+    """Validate a composed config, simulate it, write the run directory. A timing model that
+    ignores the model, GPU and TP the config sets is said on stderr first (one line)."""
+    run_cfg = validate_config(to_data(cfg))
+    note = geometry_ignored(run_cfg)
+    if note is not None:
+        print(f"servesim: note: {note}", file=sys.stderr)
+    result = simulate(run_cfg)
     result.write(out_dir)
     return result
 

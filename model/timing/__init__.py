@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from servesim.config.derived import role_engines
 from servesim.config.errors import ConfigError
 from servesim.config.schema import (
     AiconfiguratorTiming,
@@ -19,6 +20,33 @@ from servesim.timing.fixed import Fixed
 from servesim.timing.interpolated import Interpolated
 from servesim.timing.polynomial import Polynomial
 from servesim.timing.roofline import Roofline
+
+# the shipped defaults (conf/config.yaml): a run that keeps them says nothing about its model
+DEFAULT_LLM, DEFAULT_HARDWARE = "llama3_8b", "h100_sxm"
+
+
+def geometry_ignored(cfg: RunConfig) -> str | None:
+    """One line for a run whose timing model takes no account of the model, the GPU or the
+    tensor parallelism while its config sets them (another llm or hardware than the defaults,
+    or `tp_size` > 1): its pass times would be the same for any of them. None otherwise."""
+    t = cfg.timing
+    if not isinstance(t, (PolynomialTiming, FixedTiming, InterpolatedTiming)):
+        return None
+    tp = max(e.tp_size for e in role_engines(cfg).values())
+    set_here = []
+    if cfg.llm.name != DEFAULT_LLM:
+        set_here.append(f"llm={cfg.llm.name}")
+    if cfg.hardware.name != DEFAULT_HARDWARE:
+        set_here.append(f"hardware={cfg.hardware.name}")
+    if tp > 1:
+        set_here.append(f"tp_size={tp}")
+    if not set_here:
+        return None
+    return (
+        f"timing={t.kind} ignores the model, the GPU and tensor parallelism "
+        f"({', '.join(set_here)} only size the KV pool): use timing=calibrated_roofline for "
+        "pass times of this deployment"
+    )
 
 
 def build_step_time(cfg: RunConfig, engine: EngineConfig | None = None) -> StepTime:

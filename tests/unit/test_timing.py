@@ -146,3 +146,27 @@ def test_roofline_prefill_compute_bound_decode_memory_bound():
     assert m.decode_ms(64, 64 * 1000, 10**6, 1000) > m.decode_ms(1, 1000, 10**6, 1000)
     tp2 = Roofline(cfg, LLAMA8B_CFG, H100_CFG, 2)
     assert tp2.prefill_ms(1, 8192, 0) < t8k
+
+
+@pytest.mark.parametrize(
+    "overrides, said",
+    [
+        ([], None),
+        (["llm=llama3_70b", "engine.tp_size=4"], "llm=llama3_70b, tp_size=4 only size"),
+        (["hardware=b200"], "hardware=b200 only size"),
+        (["timing=fixed", "engine.tp_size=2"], "timing=fixed ignores"),
+        (["llm=llama3_70b", "engine.tp_size=4", "timing=calibrated_roofline"], None),
+        (["experiment=dynamo_compat"], None),
+    ],
+)
+def test_a_timing_model_blind_to_the_deployment_says_so(overrides, said):
+    """polynomial, fixed and interpolated price every model, GPU and TP alike: a config that
+    sets them gets one line saying so (the CLI prints it); the hardware models stay silent."""
+    from servesim import compose
+    from servesim.timing import geometry_ignored
+
+    note = geometry_ignored(compose(overrides))
+    if said is None:
+        assert note is None
+    else:
+        assert note is not None and said in note and "calibrated_roofline" in note
