@@ -9,13 +9,13 @@ T = n (isl - prefix) new tokens, chunk c = T / n):
     prefill bytes = W + kv_bytes_per_token x n x isl
     decode flops  = n (2 P_gemm + 4 L H d ctx)                     (ctx = mean sequence length)
     decode bytes  = W + kv_bytes_per_token x n x ctx
-
-L counts the full-attention layers; sliding-window layers add the same terms over at most their
-window, linear-attention layers none; an MLA model decodes with 2 H (2 r + rope) in place of
-4 H d (servesim.config.derived, docs/timing.md).
     t_comp = flops / (tp x peak x compute_efficiency),  t_mem = bytes / (tp x HBM B/s x
     memory_efficiency),  t_comm = 2 L (tp - 1)/tp x tokens x hidden x 2 B / NVLink B/s
     t = max(t_comp, t_mem) + t_comm + overhead
+
+In the attention terms L counts the full-attention layers; sliding-window layers add the same
+terms over at most their window, linear-attention layers none; an MLA model decodes with
+2 H (2 r + rope) in place of 4 H d (servesim.config.derived, docs/timing.md).
 
 With speculative decoding (k drafts) a decode step verifies k + 1 tokens per sequence: the
 GEMMs, the attention flops and the all-reduce are those of n (k + 1) tokens, each attending
