@@ -64,6 +64,12 @@ class EngineConfig(Schema):
         "16384, set by experiment=dynamo_compat)",
     )
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    memory_fraction_of: Literal["total", "free"] = Field(
+        "total",
+        description="what gpu_memory_utilization is a fraction of when num_gpu_blocks is "
+        "derived: total HBM, for weights and KV (vLLM, SGLang), or the memory free once the "
+        "weights and activations are in (TensorRT-LLM's free_gpu_memory_fraction), all KV",
+    )
     activation_reserve_gb: NonNegFloat = Field(
         2.0, description="HBM kept for activations and runtime when num_gpu_blocks is derived"
     )

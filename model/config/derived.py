@@ -126,8 +126,14 @@ def derived_num_gpu_blocks(
     reserve (`engine` defaults to cfg.engine; `where` is its config path, for errors)."""
     engine = engine or cfg.engine
     tp = engine.tp_size
-    usable_bytes = cfg.hardware.hbm_gb * 1e9 * engine.gpu_memory_utilization * tp
-    kv_bytes = usable_bytes - weight_bytes(cfg.llm) - engine.activation_reserve_gb * 1e9 * tp
+    hbm_bytes = cfg.hardware.hbm_gb * 1e9 * tp
+    reserve_bytes = engine.activation_reserve_gb * 1e9 * tp
+    if engine.memory_fraction_of == "free":  # of what the weights and activations leave
+        free_bytes = hbm_bytes - weight_bytes(cfg.llm) - reserve_bytes
+        kv_bytes = engine.gpu_memory_utilization * free_bytes
+    else:  # of all HBM, the weights and activations inside it
+        usable_bytes = hbm_bytes * engine.gpu_memory_utilization
+        kv_bytes = usable_bytes - weight_bytes(cfg.llm) - reserve_bytes
     block_bytes = engine.block_size * kv_bytes_per_token_per_gpu(cfg.llm, tp) * tp
     blocks = math.floor(kv_bytes / block_bytes)
     if blocks <= 0:

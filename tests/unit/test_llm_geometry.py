@@ -138,3 +138,19 @@ def test_an_mla_pool_is_sized_with_the_latent_on_every_gpu():
     free = 8 * per_gpu - 671e9
     per_token_all_gpus = 8 * 61 * 576 * 2
     assert num_gpu_blocks(cfg) == int(free // (e.block_size * per_token_all_gpus))
+
+
+def test_trtllm_gives_kv_a_fraction_of_the_memory_the_weights_leave():
+    """vLLM's gpu_memory_utilization is a fraction of all HBM, weights inside it; TensorRT-LLM's
+    free_gpu_memory_fraction a fraction of what the weights and activations leave."""
+    from servesim import compose
+    from servesim.config.derived import num_gpu_blocks
+
+    base = ["llm=llama3_70b", "engine.tp_size=4", "engine.num_gpu_blocks=null"]
+    vllm = compose(base)
+    trtllm = compose([*base, "engine=trtllm", "engine.block_size=64"])
+    assert trtllm.engine.memory_fraction_of == "free"
+    hbm, weights, reserve = 4 * 80e9, 70.55e9 * 2, 4 * 2e9
+    block = 64 * 327680
+    assert num_gpu_blocks(vllm) == int((0.9 * hbm - weights - reserve) // block)
+    assert num_gpu_blocks(trtllm) == int(0.9 * (hbm - weights - reserve) // block)
