@@ -212,4 +212,36 @@ class PoolBase:
         raise NotImplementedError
 
 
+class CountedPool(PoolBase):
+    """A pool that counts the blocks resident in it (`n_resident`, cached or held, of which
+    `n_inactive` nobody holds): its levels follow from the counters. The radix pool
+    (servesim.kv.radix_pool) and the speed layer's grouped pool keep these counts."""
+
+    __slots__ = ("n_resident",)
+
+    def __init__(self, capacity_blocks: int, enable_caching: bool, record_events: bool) -> None:
+        super().__init__(capacity_blocks, enable_caching, record_events)
+        self.n_resident = 0
+
+    @property
+    def n_active(self) -> int:
+        """Blocks held by a request: resident and held, or private."""
+        return self.n_resident - self.n_inactive + self.n_private
+
+    @property
+    def n_cached(self) -> int:
+        """Resident blocks nobody holds (evictable)."""
+        return self.n_inactive
+
+    @property
+    def n_empty(self) -> int:
+        """Blocks holding nothing (taken before any cached block is evicted)."""
+        return self.capacity_blocks - self.n_resident - self.n_private
+
+    @property
+    def free_blocks(self) -> int:
+        """Blocks not held by any request (empty or evictable)."""
+        return self.capacity_blocks - self.n_resident - self.n_private + self.n_inactive
+
+
 Pool = PoolBase  # a rank's G1 pool, whichever keeps it

@@ -35,7 +35,7 @@ from __future__ import annotations
 import heapq
 from itertools import count
 
-from servesim.kv.pool_base import REMOVED, STORED, Key, PoolBase
+from servesim.kv.pool_base import REMOVED, STORED, CountedPool, Key
 from servesim.workload.request import Request
 
 
@@ -65,8 +65,8 @@ def common_length(edge: list[Key], keys: list[Key], start: int) -> int:
     return n
 
 
-class RadixPool(PoolBase):
-    __slots__ = ("root", "n_resident", "lock_of", "_leaves", "_clock", "_serials")
+class RadixPool(CountedPool):
+    __slots__ = ("root", "lock_of", "_leaves", "_clock", "_serials")
 
     def __init__(
         self, capacity_blocks: int, enable_caching: bool = True, record_events: bool = False
@@ -74,33 +74,10 @@ class RadixPool(PoolBase):
         super().__init__(capacity_blocks, enable_caching, record_events)
         self._clock = count(1)
         self._serials = count(1)
-        self.root = Node(None, [], 0, 0)
-        self.n_resident = 0  # pages in the tree (n_inactive of them unlocked: evictable)
+        self.root = Node(None, [], 0, 0)  # (n_resident counts the pages in the tree)
         self.lock_of: dict[Request, Node] = {}  # the node ending each running request's path
         # evictable leaves, oldest touch first: (touched, serial, node), stale entries skipped
         self._leaves: list[tuple[int, int, Node]] = []
-
-    # ------------------------------------------------------------------ levels
-
-    @property
-    def n_active(self) -> int:
-        """Pages held by a request: on a locked path, or private."""
-        return self.n_resident - self.n_inactive + self.n_private
-
-    @property
-    def n_cached(self) -> int:
-        """Pages in the tree no running request's path goes through (evictable)."""
-        return self.n_inactive
-
-    @property
-    def n_empty(self) -> int:
-        """Pages holding nothing (taken before any cached page is evicted)."""
-        return self.capacity_blocks - self.n_resident - self.n_private
-
-    @property
-    def free_blocks(self) -> int:
-        """Pages not held by any request (empty or evictable)."""
-        return self.capacity_blocks - self.n_resident - self.n_private + self.n_inactive
 
     # ------------------------------------------------------------------ the tree
 

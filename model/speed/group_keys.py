@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from servesim.kv.pool_base import Key, PoolBase
+from servesim.kv.pool_base import CountedPool, Key
 
 # an entry of a release's run: (group id, low rank, high rank), (single key, -1, 0), or
 # (single keys in eviction order, SINGLES, 0)
@@ -14,10 +14,10 @@ Span = tuple[Any, int, int]
 SINGLES: Final = -2
 
 
-class GroupKeys(PoolBase):
+class GroupKeys(CountedPool):
     """The resident blocks of a grouped pool, by group."""
 
-    __slots__ = ("per", "mask", "groups", "n_resident")
+    __slots__ = ("per", "mask", "groups")
 
     def __init__(
         self, capacity_blocks: int, group_blocks: int, record_events: bool = False
@@ -31,7 +31,6 @@ class GroupKeys(PoolBase):
         # single key -> int state. State: holders (>= 1) or -(run id) when inactive. Runs
         # list spans (group id, low rank, high rank), (single key, -1, 0) or (keys, SINGLES, 0)
         self.groups: dict[Any, Any] = {}
-        self.n_resident = 0
 
     def _states(self) -> list[tuple[Key, int]]:
         out = []

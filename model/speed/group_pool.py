@@ -32,23 +32,7 @@ SINGLES_AT_ONCE = 16
 class GroupPool(GroupKeys):
     """The grouped pool's levels, lookups, allocation, LRU and releases."""
 
-    # ------------------------------------------------------------------ levels
-
-    @property
-    def n_active(self) -> int:
-        return self.n_resident - self.n_inactive + self.n_private
-
-    @property
-    def n_cached(self) -> int:
-        return self.n_inactive
-
-    @property
-    def n_empty(self) -> int:
-        return self.capacity_blocks - self.n_resident - self.n_private
-
-    @property
-    def free_blocks(self) -> int:
-        return self.capacity_blocks - self.n_resident + self.n_inactive - self.n_private
+    # ------------------------------------------------------------------ levels (CountedPool's)
 
     @property
     def refcount(self) -> dict[Key, int]:
