@@ -77,9 +77,7 @@ def attn_flops_per_pair(llm: LlmConfig, decode: bool = False) -> float:
     token, over the full-attention layers: 4 H d per layer; MLA decodes in its compressed form
     (queries absorbed into the latent: QK^T over kv_lora_rank + qk_rope_head_dim, PV over
     kv_lora_rank), 2 H (2 r + rope) per layer, and prefills over full heads."""
-    if llm.attention == "mla" and decode:
-        return full_attention_layers(llm) * _attention_flops_per_layer_pair(llm, decode)
-    return 4.0 * full_attention_layers(llm) * llm.num_attention_heads * llm.head_dim
+    return full_attention_layers(llm) * _attention_flops_per_layer_pair(llm, decode)
 
 
 def window_attention_flops(llm: LlmConfig, tokens: float, context: float, decode: bool) -> float:
