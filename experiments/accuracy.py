@@ -19,7 +19,8 @@ API (as experiments/compare_dynamo.py does) and runs `model.simulate`:
 * engine: the row's `backend` through ENGINES (vLLM, SGLang and TRT-LLM each its scheduler);
 * the measured load: a closed loop at `batch_size` requests in flight
   (`load=concurrency`), 10 x `batch_size` single-turn synthetic requests whose input and output
-  lengths are drawn uniformly from 80-100 % of `isl` / `osl`, no shared prefix, prefix caching
+  lengths are drawn uniformly from 80-100 % of `isl` / `osl` (SGLang rows: exactly `isl` / `osl`,
+  LENGTH_LOW_BY_BACKEND says why), no shared prefix, prefix caching
   off, `max_num_batched_tokens` 8192, `max_num_seqs` max(256, batch_size), the KV pool derived
   from HBM, one aggregated worker behind round robin, a fixed seed;
 * timing: `timing=roofline` (or `--timing`, any conf/timing option), then every `--override`.
@@ -113,6 +114,18 @@ MAX_NUM_BATCHED_TOKENS = 8192
 MIN_MAX_NUM_SEQS = 256
 REQUESTS_PER_CLIENT = 10  # about 10 x concurrency requests per measured point
 LENGTH_LOW = 0.8  # request lengths drawn uniformly from 80-100 % of nominal
+# ... except where the measurements show lock-step waves: every SGLang row's mean TTFT is the
+# prefill of the whole wave and does not depend on the output length (Qwen3-32B, H100, TP 2,
+# 1,024 input tokens, 16 clients: 841 / 806 / 844 ms at 128 / 256 / 512 output tokens;
+# Qwen3.5-397B, B200, TP 4, 64 clients: 1,114 / 1,044 ms at 1,024 / 8,192), which requests of
+# varied lengths cannot give; identical lengths (every request's, LENGTH_LOW 1) reproduce it
+# (docs/accuracy.md, "SGLang's rows move in waves")
+LENGTH_LOW_BY_BACKEND: dict[str, float] = {"sglang": 1.0}
+
+
+def length_low(backend: str) -> float:
+    """The shortest request length of a row's load, as a fraction of nominal."""
+    return LENGTH_LOW_BY_BACKEND.get(backend, LENGTH_LOW)
 
 REQUIRED_COLUMNS = (
     "id",
@@ -325,14 +338,14 @@ def plan(df: pd.DataFrame) -> tuple[list[Point], list[Skip]]:
 # --------------------------------------------------------------------------- runs
 
 
-def _lengths(key: str, nominal: int) -> list[str]:
-    """Uniform over [round(0.8 x nominal), nominal] (mean 0.9 x nominal), each key set so no
-    value of the option file's lognormal survives."""
+def _lengths(key: str, nominal: int, low: float) -> list[str]:
+    """Uniform over [round(low x nominal), nominal] (mean (1 + low) / 2 x nominal), each key
+    set so no value of the option file's lognormal survives."""
     return [
         f"{key}.dist=uniform",
-        f"{key}.mean={(1 + LENGTH_LOW) / 2 * nominal:g}",
+        f"{key}.mean={(1 + low) / 2 * nominal:g}",
         f"{key}.std=0",
-        f"{key}.min={max(1, round(LENGTH_LOW * nominal))}",
+        f"{key}.min={max(1, round(low * nominal))}",
         f"{key}.max={nominal}",
     ]
 
@@ -354,8 +367,8 @@ def point_overrides(point: Point, timing: str = "roofline", seed: int = 0) -> li
         "workload=synthetic",
         f"workload.num_sessions={REQUESTS_PER_CLIENT * point.batch_size}",
         "workload.turns_per_session=1",
-        *_lengths("workload.input_tokens", point.isl),
-        *_lengths("workload.output_tokens", point.osl),
+        *_lengths("workload.input_tokens", point.isl, length_low(point.backend)),
+        *_lengths("workload.output_tokens", point.osl, length_low(point.backend)),
         "workload.shared_prefix_ratio=0",
         "workload.num_prefix_groups=0",
         f"engine.tp_size={point.tp}",

@@ -216,12 +216,16 @@ def test_bad_csv_exits_2_naming_the_file_and_column(tmp_path: Path, capsys) -> N
 
 
 def test_each_backend_runs_its_own_engine() -> None:
-    """An SGLang row runs engine=sglang (its 1-token pages), a vLLM row engine=vllm; a MoE row
-    composes its geometry (DeepSeek-R1: MLA, 8-way TP on B200)."""
+    """An SGLang row runs engine=sglang (its 1-token pages) with every request exactly the
+    nominal lengths (its rows move in waves), a vLLM row engine=vllm; a MoE row composes its
+    geometry (DeepSeek-R1: MLA, 8-way TP on B200)."""
     df = accuracy.read_silicon(TINY)
     (sglang,), _ = accuracy.plan(accuracy.select(df, "sglang", "agg"))
     cfg = accuracy.compose_point_config(sglang)
     assert (cfg.engine.kind, cfg.engine.block_size) == ("sglang", 1)
+    w = cfg.workload
+    assert (w.input_tokens.min, w.input_tokens.max, w.input_tokens.mean) == (128, 128, 128)
+    assert (w.output_tokens.min, w.output_tokens.max, w.output_tokens.mean) == (16, 16, 16)
     moe = tiny_points()["tiny_dsr1_b200_fp8_c2_tp8"]
     cfg = accuracy.compose_point_config(moe)
     assert (cfg.engine.kind, cfg.llm.name, cfg.llm.attention, cfg.engine.tp_size) == (
