@@ -17,8 +17,11 @@ API (as experiments/compare_dynamo.py does) and runs `model.simulate`:
 * hardware: the row's `system` through SYSTEMS; `engine.tp_size` = `tp_size` (a MoE row's
   expert parallelism, `moe_ep_size`, spreads the experts over the same GPUs: priced as TP);
 * engine: the row's `backend` through ENGINES (vLLM, SGLang and TRT-LLM each its scheduler);
-* the measured load: a closed loop at `batch_size` requests in flight
-  (`load=concurrency`), 10 x `batch_size` single-turn synthetic requests whose input and output
+* attention data parallelism: `attention_dp_size` > 1 runs `engine.dp_size` ranks of `tp_size`
+  GPUs each, the experts spread over all of them (servesim.config.derived), and `batch_size`
+  is per rank (the source's `silicon_concurrency` is batch_size x attention_dp_size);
+* the measured load: a closed loop at `batch_size` (x DP ranks) requests in flight
+  (`load=concurrency`), 10 x that many single-turn synthetic requests whose input and output
   lengths are drawn uniformly from 80-100 % of `isl` / `osl` (SGLang rows: exactly `isl` / `osl`,
   LENGTH_LOW_BY_BACKEND says why), no shared prefix, prefix caching
   off, `max_num_batched_tokens` 8192, `max_num_seqs` max(256, batch_size), the KV pool derived
@@ -26,9 +29,9 @@ API (as experiments/compare_dynamo.py does) and runs `model.simulate`:
 * timing: `timing=roofline` (or `--timing`, any conf/timing option), then every `--override`.
 
 Rows it does not run are counted by reason (the first that applies): mode (only `agg`),
-backends, models, systems, precisions, `pp_size` > 1, `attention_dp_size` > 1, an
-incomplete row. A run that fails (e.g. the weights leave no room for KV at that TP:
-ConfigError) is recorded with its message and left out of the MAPE.
+backends, models, systems, precisions, `pp_size` > 1, an incomplete row. A run that fails
+(e.g. the weights leave no room for KV at that TP: ConfigError) is recorded with its
+message and left out of the MAPE.
 
 Points run in a process pool (`--jobs`, default os.cpu_count()), the slowest-looking first;
 the results are sorted by id. RESULT.csv has one row per selected row: `status` ok, failed or
@@ -37,7 +40,8 @@ TPOT (summary `mean_ttft_ms`, `mean_tpot_ms`), `*_rel_error` = predicted / measu
 completed requests, preemptions, KV blocks and wall seconds. The table printed (and written to
 `--markdown`) has per (system, backend, model) and overall: rows, failures, the MAPE
 (mean |rel_error| x 100) and the bias (mean rel_error x 100) of TTFT and TPOT. The last line
-is `TTFT MAPE x% TPOT MAPE y% over N rows`.
+is `TTFT MAPE x% TPOT MAPE y% over N rows (M skipped)`, M the selected rows not predicted;
+every skipped row and failed run is listed above it with its reason.
 
 Exit status: 0 when it ran (whatever the accuracy), 2 on bad arguments, an unreadable CSV or
 one without the columns needed, no row matching the filters, or overrides that do not compose.
@@ -127,6 +131,7 @@ def length_low(backend: str) -> float:
     """The shortest request length of a row's load, as a fraction of nominal."""
     return LENGTH_LOW_BY_BACKEND.get(backend, LENGTH_LOW)
 
+
 REQUIRED_COLUMNS = (
     "id",
     "backend",
@@ -151,7 +156,6 @@ SKIP_REASONS = (
     "system",
     "precision",
     "pp_size > 1",
-    "attention_dp_size > 1",
     "incomplete row",
 )
 RESULT_COLUMNS = (
@@ -164,6 +168,7 @@ RESULT_COLUMNS = (
     "llm",
     "precision",
     "tp",
+    "dp",
     "batch_size",
     "isl",
     "osl",
@@ -181,6 +186,7 @@ RESULT_COLUMNS = (
 )
 INT_COLUMNS = (
     "tp",
+    "dp",
     "batch_size",
     "isl",
     "osl",
@@ -213,7 +219,8 @@ class Point:
     precision: str
     dtype: str
     tp: int
-    batch_size: int
+    dp: int  # attention data-parallel ranks
+    batch_size: int  # requests in flight per attention-DP rank
     isl: int
     osl: int
     measured_ttft_ms: float
@@ -294,9 +301,6 @@ def map_row(row: Mapping[str, Any]) -> Point | Skip:
     pp = _size(row["pp_size"])
     if pp > 1:
         return Skip(rid, "pp_size > 1", f"pp_size {pp}: pipeline parallelism is not modelled")
-    dp = _size(row["attention_dp_size"])
-    if dp > 1:
-        return Skip(rid, "attention_dp_size > 1", f"attention_dp_size {dp}")
     values = {k: _number(row[k]) for k in ("isl", "osl", "batch_size", "tp_size")}
     values["silicon_ttft_ms"] = _number(row["silicon_ttft_ms"])
     values["silicon_tpot_ms"] = _number(row["silicon_tpot_ms"])
@@ -314,6 +318,7 @@ def map_row(row: Mapping[str, Any]) -> Point | Skip:
         precision=precision or "bf16",
         dtype=PRECISIONS[precision],
         tp=int(cast(float, values["tp_size"])),
+        dp=_size(row["attention_dp_size"]),
         batch_size=int(cast(float, values["batch_size"])),
         isl=int(cast(float, values["isl"])),
         osl=int(cast(float, values["osl"])),
@@ -363,15 +368,16 @@ def point_overrides(point: Point, timing: str = "roofline", seed: int = 0) -> li
         "topology.num_workers=1",
         "router=round_robin",
         "load=concurrency",
-        f"load.concurrency={point.batch_size}",
+        f"load.concurrency={point.batch_size * point.dp}",
         "workload=synthetic",
-        f"workload.num_sessions={REQUESTS_PER_CLIENT * point.batch_size}",
+        f"workload.num_sessions={REQUESTS_PER_CLIENT * point.batch_size * point.dp}",
         "workload.turns_per_session=1",
         *_lengths("workload.input_tokens", point.isl, length_low(point.backend)),
         *_lengths("workload.output_tokens", point.osl, length_low(point.backend)),
         "workload.shared_prefix_ratio=0",
         "workload.num_prefix_groups=0",
         f"engine.tp_size={point.tp}",
+        f"++engine.dp_size={point.dp}",
         "engine.enable_prefix_caching=false",
         f"engine.max_num_batched_tokens={MAX_NUM_BATCHED_TOKENS}",
         f"engine.max_num_seqs={max(MIN_MAX_NUM_SEQS, point.batch_size)}",
@@ -414,6 +420,7 @@ def run_point(
         "llm": point.llm,
         "precision": point.precision,
         "tp": point.tp,
+        "dp": point.dp,
         "batch_size": point.batch_size,
         "isl": point.isl,
         "osl": point.osl,
@@ -449,7 +456,7 @@ def run_point(
 
 def _work(point: Point) -> float:
     """A rough cost, to start the slowest points first (decoded tokens dominate)."""
-    return point.batch_size * (point.osl + point.isl / 64)
+    return point.batch_size * point.dp * (point.osl + point.isl / 64)
 
 
 def run_points(
@@ -544,12 +551,14 @@ def accuracy_table(results: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame.from_records(rows)
 
 
-def last_line(table: pd.DataFrame) -> str:
-    """`TTFT MAPE x% TPOT MAPE y% over N rows` from the table's overall row."""
+def last_line(table: pd.DataFrame, results: pd.DataFrame) -> str:
+    """`TTFT MAPE x% TPOT MAPE y% over N rows (M skipped)` from the table's overall row; M
+    counts the selected rows not predicted (skipped, or a run that failed)."""
     overall = table.iloc[-1]
+    not_predicted = int((results["status"] != "ok").sum())
     return (
         f"TTFT MAPE {overall['ttft_mape_pct']:.1f}% TPOT MAPE {overall['tpot_mape_pct']:.1f}% "
-        f"over {int(overall['rows'])} rows"
+        f"over {int(overall['rows'])} rows ({not_predicted} skipped)"
     )
 
 
@@ -649,16 +658,17 @@ def main(argv: list[str] | None = None) -> int:
 
     table = accuracy_table(results)
     text = markdown(table)
-    failed = results[results["status"] == "failed"]
     print(f"\n{text}\n")
-    if len(failed):
-        print(f"{len(failed)} failed run(s) (not in the MAPE):")
-        for rec in failed.itertuples(index=False):
-            print(f"  {rec.id}: {rec.note}")
+    for status, what in (("skipped", "skipped row(s)"), ("failed", "failed run(s)")):
+        rows = results[results["status"] == status]
+        if len(rows):
+            print(f"{len(rows)} {what} (not in the MAPE):")
+            for rec in rows.itertuples(index=False):
+                print(f"  {rec.id}: {rec.note}")
     if points:
         print(f"slowest points:\n{slowest(results).to_string(index=False)}")
     print(f"{len(points)} runs in {wall:.1f} s with --jobs {args.jobs}; results: {out}")
-    line = last_line(table)
+    line = last_line(table, results)
     if args.markdown:
         Path(args.markdown).write_text(f"{text}\n\n{line}\n")
     print(line)

@@ -103,41 +103,78 @@ def active_params(llm: LlmConfig) -> float:
     return (llm.active_params_b or llm.num_params_b) * 1e9
 
 
-def weight_bytes_read(llm: LlmConfig, tokens: float) -> float:
-    """Weight bytes a pass over `tokens` tokens reads: all of a dense model's; of a MoE model
-    the dense part plus the experts at least one token routes to, in expectation
-    (each expert is untouched by a token with probability 1 - k/E, independently)."""
+def _dense_and_expert_params_b(llm: LlmConfig) -> tuple[float, float]:
+    """(parameters outside the routed experts, parameters of one routed expert), in billions;
+    (all, 0) for a dense model."""
+    if llm.num_experts is None:
+        return llm.num_params_b, 0.0
+    e, k = llm.num_experts, llm.experts_per_token
+    assert k is not None
+    expert = (llm.num_params_b - active_params(llm) / 1e9) / (e - k)
+    return llm.num_params_b - e * expert, expert
+
+
+def rank_weight_bytes(llm: LlmConfig, dp_size: int = 1) -> float:
+    """Weight bytes on one attention-DP rank's GPUs: its own copy of everything outside the
+    routed experts and a 1/dp_size share of the experts (expert parallelism over the worker's
+    ranks). All of them when dp_size is 1 or the model is dense."""
+    dense, expert = _dense_and_expert_params_b(llm)
+    experts = (llm.num_experts or 0) * expert / dp_size
+    return (dense + experts) * 1e9 * DTYPE_BYTES[llm.dtype]
+
+
+def weight_bytes_read(llm: LlmConfig, tokens: float, dp_size: int = 1) -> float:
+    """Weight bytes a pass over `tokens` tokens reads on one rank's GPUs: all of a dense
+    model's; of a MoE model the dense part plus the experts at least one token routes to, in
+    expectation (each expert is untouched by a token with probability 1 - k/E, independently).
+    With dp_size attention-DP ranks in lock-step, each running `tokens`, the experts see the
+    tokens of every rank and each rank holds (and reads) 1/dp_size of them."""
+    dense, expert = _dense_and_expert_params_b(llm)
     if llm.num_experts is None:
         return weight_bytes(llm)
     e, k = llm.num_experts, llm.experts_per_token
     assert k is not None
-    expert = (llm.num_params_b - active_params(llm) / 1e9) / (e - k)  # billions per expert
-    dense = llm.num_params_b - e * expert
-    touched = e * (1.0 - (1.0 - k / e) ** max(tokens, 0.0))
-    return (dense + touched * expert) * 1e9 * DTYPE_BYTES[llm.dtype]
+    touched = e * (1.0 - (1.0 - k / e) ** max(tokens * dp_size, 0.0))
+    return (dense + touched * expert / dp_size) * 1e9 * DTYPE_BYTES[llm.dtype]
+
+
+def all_to_all_bytes_per_token(llm: LlmConfig, tp_size: int, dp_size: int) -> float:
+    """Bytes one token sends over NVLink for expert parallelism across attention-DP ranks:
+    per layer, its hidden state to each of its k experts and the results back (dispatch and
+    combine, bfloat16), the share (G - 1) / G of them that leaves its GPU for the worker's
+    G = tp_size x dp_size GPUs. 0 for a dense model or one rank (experts under TP only need
+    the all-reduce)."""
+    if llm.num_experts is None or dp_size == 1:
+        return 0.0
+    gpus = tp_size * dp_size
+    k = llm.experts_per_token or 0
+    per_layer = 2 * k * llm.hidden_size * DTYPE_BYTES["bfloat16"] * (gpus - 1) / gpus
+    return llm.num_layers * per_layer
 
 
 def derived_num_gpu_blocks(
     cfg: Sections, engine: EngineConfig | None = None, where: str = "engine"
 ) -> int:
-    """KV blocks that fit on one worker rank: its TP GPUs' HBM x utilisation, minus weights and
-    reserve (`engine` defaults to cfg.engine; `where` is its config path, for errors)."""
+    """KV blocks that fit on one worker rank: its TP GPUs' HBM x utilisation, minus the rank's
+    weights (`rank_weight_bytes`: with attention DP each rank holds a share of the experts)
+    and reserve (`engine` defaults to cfg.engine; `where` is its config path, for errors)."""
     engine = engine or cfg.engine
     tp = engine.tp_size
+    weights = rank_weight_bytes(cfg.llm, engine.dp_size)
     hbm_bytes = cfg.hardware.hbm_gb * 1e9 * tp
     reserve_bytes = engine.activation_reserve_gb * 1e9 * tp
     if engine.memory_fraction_of == "free":  # of what the weights and activations leave
-        free_bytes = hbm_bytes - weight_bytes(cfg.llm) - reserve_bytes
+        free_bytes = hbm_bytes - weights - reserve_bytes
         kv_bytes = engine.gpu_memory_utilization * free_bytes
     else:  # of all HBM, the weights and activations inside it
         usable_bytes = hbm_bytes * engine.gpu_memory_utilization
-        kv_bytes = usable_bytes - weight_bytes(cfg.llm) - reserve_bytes
+        kv_bytes = usable_bytes - weights - reserve_bytes
     block_bytes = engine.block_size * kv_bytes_per_token_per_gpu(cfg.llm, tp) * tp
     blocks = math.floor(kv_bytes / block_bytes)
     if blocks <= 0:
         raise ConfigError(
-            f"{where}.num_gpu_blocks: {cfg.llm.name} ({weight_bytes(cfg.llm) / 1e9:.1f} GB of "
-            f"weights) leaves no room for KV on {tp} x {cfg.hardware.name} "
+            f"{where}.num_gpu_blocks: {cfg.llm.name} ({weights / 1e9:.1f} GB of "
+            f"weights per rank) leaves no room for KV on {tp} x {cfg.hardware.name} "
             f"({cfg.hardware.hbm_gb} GB, gpu_memory_utilization {engine.gpu_memory_utilization})"
         )
     return blocks

@@ -66,7 +66,7 @@ def build_step_time(cfg: RunConfig, engine: EngineConfig | None = None) -> StepT
     elif isinstance(t, InterpolatedTiming):
         inner = Interpolated(t)
     elif isinstance(t, RooflineTiming):
-        inner = Roofline(t, cfg.llm, cfg.hardware, engine.tp_size, per_seq)
+        inner = Roofline(t, cfg.llm, cfg.hardware, engine.tp_size, per_seq, engine.dp_size)
     elif isinstance(t, CalibratedRooflineTiming):
         try:
             inner = CalibratedRoofline(
@@ -75,6 +75,7 @@ def build_step_time(cfg: RunConfig, engine: EngineConfig | None = None) -> StepT
                 engine.tp_size,
                 path=t.factors_path,
                 decode_tokens_per_seq=per_seq,
+                dp_size=engine.dp_size,
             )
         except (ValueError, OSError) as e:
             raise ConfigError(str(e)) from None

@@ -11,10 +11,17 @@ W: weight bytes, L layers, H query heads, d head dim, h hidden size, kv: KV byte
                         + kv n isl / (tp BW e_m)
                decode:  kv B ctx / (tp BW e_m)
     all-reduce 2 L (a_ar + 2 (tp - 1) / tp x tokens h 2 B / (NVLink B/s e_ar))  (tp > 1 only)
+    all-to-all 2 L a_ar + tokens x a2a / (tp NVLink B/s e_ar)   (MoE, dp > 1 only)
     part       t = t_gemm + t_attn + t_comm + o_p             (prefill)
                  t = t_gemm + t_attn + t_comm + o_d + o_seq B     (decode)
     mixed      t = t_gemm(T + B) + both t_attn + t_comm(T + B) + o_p + o_seq B
                (a pass with both parts is priced as one: its weights are read once)
+
+With attention data parallelism (dp ranks per worker, each `tp` GPUs) a rank prices its own
+part: W is its copy of the dense weights plus 1/dp of the experts that the tokens of all
+ranks touch (dp T tokens, the ranks in lock-step), and a MoE token's dispatch and combine
+cross the worker's tp dp GPUs (a2a: L x 2 k h 2 B x (G - 1) / G, `all_to_all_bytes_per_token`)
+at the all-reduce's fitted latency and efficiency.
 
 T is the part's new tokens (prefill) or its batch B (decode; B (k + 1) with speculative
 decoding's k drafts, verified in the step: the GEMMs and all-reduce of every verified token,
@@ -43,9 +50,10 @@ from typing import Any
 from servesim.config.derived import (
     DTYPE_BYTES,
     active_params,
+    all_to_all_bytes_per_token,
     attn_flops_per_pair,
     kv_bytes_per_token,
-    weight_bytes,
+    rank_weight_bytes,
     weight_bytes_read,
     window_attention_flops,
     window_kv_bytes,
@@ -129,8 +137,11 @@ class CalibratedRoofline:
         factors: dict[str, float] | None = None,
         path: str | None = None,
         decode_tokens_per_seq: int = 1,
+        dp_size: int = 1,
     ) -> None:
         self.tp = tp_size
+        # attention-DP ranks of the worker: a rank prices its own part of the pass
+        self.dp = dp_size
         # tokens a decode step computes per sequence: 1, or k + 1 verifying k drafts
         self.decode_tokens_per_seq = decode_tokens_per_seq
         self.family = family_of(hw)
@@ -145,7 +156,7 @@ class CalibratedRoofline:
         assert peak is not None  # (fp4 only on a GPU with an fp4 rate: `weight_class`)
         self.peak_tflops: float = peak
         self.llm, self.hw = llm, hw
-        self.weight_bytes = weight_bytes(llm)
+        self.weight_bytes = rank_weight_bytes(llm, dp_size)
         self.gemm_flops_per_token = 2.0 * (active_params(llm) - llm.vocab_size * llm.hidden_size)
         self.attn_flops_per_pair = attn_flops_per_pair(llm)
         self.kv_bytes_per_token = kv_bytes_per_token(llm)
@@ -168,12 +179,17 @@ class CalibratedRoofline:
             self.comm_ms_per_token = 2 * llm.num_layers * ring / nvlink_bytes_per_ms
         else:
             self.comm_fixed_ms = self.comm_ms_per_token = 0.0
+        a2a = all_to_all_bytes_per_token(llm, tp, self.dp)
+        if a2a:  # experts shared by the worker's DP ranks: dispatch and combine per layer
+            nvlink_bytes_per_ms = hw.nvlink_gbps * 1e9 / 1e3 * _factor(f, "e_ar")
+            self.comm_fixed_ms += 2 * llm.num_layers * f["a_ar"]
+            self.comm_ms_per_token += a2a / (tp * nvlink_bytes_per_ms)
 
     def _gemm_ms(self, tokens: float) -> float:
         weights = (
             self.weight_bytes
             if self.llm.num_experts is None
-            else weight_bytes_read(self.llm, tokens)
+            else weight_bytes_read(self.llm, tokens, self.dp)
         )
         return max(
             self.gemm_flops_per_token * tokens / self.gemm_flops_per_ms,
@@ -181,7 +197,7 @@ class CalibratedRoofline:
         )
 
     def _comm_ms(self, tokens: float) -> float:
-        return self.comm_fixed_ms + self.comm_ms_per_token * tokens if self.tp > 1 else 0.0
+        return self.comm_fixed_ms + self.comm_ms_per_token * tokens
 
     def prefill_ms(self, n: int, mean_isl: int, mean_prefix: int) -> float:
         t = new_tokens(n, mean_isl, mean_prefix)

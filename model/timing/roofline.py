@@ -13,6 +13,10 @@ T = n (isl - prefix) new tokens, chunk c = T / n):
     memory_efficiency),  t_comm = 2 L (tp - 1)/tp x tokens x hidden x 2 B / NVLink B/s
     t = max(t_comp, t_mem) + t_comm + overhead
 
+With attention data parallelism (dp ranks per worker, each `tp` GPUs) a rank prices its own
+part: its attention and KV, its copy of the dense weights, 1/dp of the experts that the tokens
+of all ranks touch, and each token's expert all-to-all (servesim.config.derived).
+
 In the attention terms L counts the full-attention layers; sliding-window layers add the same
 terms over at most their window, linear-attention layers none; an MLA model decodes with
 2 H (2 r + rope) in place of 4 H d (servesim.config.derived, docs/timing.md).
@@ -33,6 +37,7 @@ from __future__ import annotations
 from servesim.config.derived import (
     DTYPE_BYTES,
     active_params,
+    all_to_all_bytes_per_token,
     attn_flops_per_pair,
     kv_bytes_per_token,
     weight_bytes_read,
@@ -51,9 +56,12 @@ class Roofline:
         hw: HardwareConfig,
         tp_size: int,
         decode_tokens_per_seq: int = 1,
+        dp_size: int = 1,
     ) -> None:
         self.cfg = cfg
         self.tp = tp_size
+        # attention-DP ranks of the worker: a rank prices its own part of the pass
+        self.dp = dp_size
         # tokens a decode step computes per sequence: 1, or k + 1 verifying k drafts
         self.decode_tokens_per_seq = decode_tokens_per_seq
         if llm.dtype in ("fp8", "int8"):
@@ -77,6 +85,9 @@ class Roofline:
             self.comm_ms_per_token = per_token / (hw.nvlink_gbps * 1e9 / 1e3)
         else:
             self.comm_ms_per_token = 0.0
+        # experts shared by the worker's DP ranks: each token's all-to-all, over the rank's GPUs
+        a2a = all_to_all_bytes_per_token(llm, tp_size, dp_size)
+        self.comm_ms_per_token += a2a / (tp_size * hw.nvlink_gbps * 1e9 / 1e3)
 
     def _part_ms(self, flops: float, bytes_: float, tokens: int, overhead_ms: float) -> float:
         t = max(flops / self.flops_per_ms, bytes_ / self.bytes_per_ms)
@@ -91,7 +102,7 @@ class Roofline:
         context = mean_prefix + chunk / 2
         flops = self.gemm_flops_per_token * t + self.attn_flops_per_pair * t * context
         flops += window_attention_flops(llm, t, context, decode=False)
-        bytes_ = weight_bytes_read(llm, t) + self.kv_bytes_per_token * n * mean_isl
+        bytes_ = weight_bytes_read(llm, t, self.dp) + self.kv_bytes_per_token * n * mean_isl
         bytes_ += window_kv_bytes(llm, mean_isl) * n
         return self._part_ms(flops, bytes_, t, self.cfg.prefill_overhead_ms)
 
@@ -104,6 +115,8 @@ class Roofline:
         llm = self.llm
         per_token = self.gemm_flops_per_token + self.attn_flops_per_pair_decode * mean_context
         flops = tokens * per_token + window_attention_flops(llm, tokens, mean_context, decode=True)
-        bytes_ = weight_bytes_read(llm, tokens) + self.kv_bytes_per_token * batch * mean_context
+        bytes_ = (
+            weight_bytes_read(llm, tokens, self.dp) + self.kv_bytes_per_token * batch * mean_context
+        )
         bytes_ += window_kv_bytes(llm, mean_context) * batch
         return self._part_ms(flops, bytes_, tokens, self.cfg.decode_overhead_ms)

@@ -26,6 +26,7 @@ _spec.loader.exec_module(accuracy)
 RUNNABLE = [
     "tiny_32b_h100_int4_c2_tp1",
     "tiny_70b_h100_fp8_c2_tp1",
+    "tiny_8b_h100_bf16_c2_dp2",
     "tiny_8b_h100_bf16_c2_tp1",
     "tiny_8b_h100_fp8_c4_tp2",
     "tiny_dsr1_b200_fp8_c2_tp8",
@@ -33,7 +34,6 @@ RUNNABLE = [
 SKIPPED = {
     "tiny_32b_h100_int2_c2_tp1": "precision",
     "tiny_8b_a100_bf16_c2_tp1": "system",
-    "tiny_8b_h100_bf16_c2_dp2": "attention_dp_size > 1",
     "tiny_8b_h100_bf16_c2_no_tpot": "incomplete row",
     "tiny_8b_h100_bf16_c2_pp2": "pp_size > 1",
     "tiny_8b_h100_bf16_disagg": "mode",
@@ -47,7 +47,7 @@ def tiny_points() -> dict[str, object]:
 
 
 def test_rows_map_to_points_or_skip_reasons() -> None:
-    """vLLM rows: five agg rows run (sorted by id; MoE and INT4 ones among them), each other row is
+    """vLLM rows: six agg rows run (sorted by id; MoE and INT4 ones among them), each other row is
     skipped for the first reason that applies; the sglang row is not selected at all."""
     df = accuracy.read_silicon(TINY)
     chosen = accuracy.select(df, "vllm", None)
@@ -57,8 +57,7 @@ def test_rows_map_to_points_or_skip_reasons() -> None:
     assert {s.id: s.reason for s in skips} == SKIPPED
     assert [s.id for s in skips] == sorted(SKIPPED)
     assert accuracy.skip_summary(skips) == (
-        "mode 1, model 1, system 1, precision 1, pp_size > 1 1, "
-        "attention_dp_size > 1 1, incomplete row 1"
+        "mode 1, model 1, system 1, precision 1, pp_size > 1 1, incomplete row 1"
     )
     p = {p.id: p for p in points}
     bf16 = p["tiny_8b_h100_bf16_c2_tp1"]
@@ -108,6 +107,19 @@ def test_composed_config_reproduces_the_measured_load() -> None:
     assert accuracy.compose_point_config(big).engine.max_num_seqs == 300
     over = accuracy.compose_point_config(point, "fixed", ["engine.max_num_batched_tokens=4096"])
     assert over.timing.kind == "fixed" and over.engine.max_num_batched_tokens == 4096
+
+
+def test_attention_dp_rows_run_dp_ranks_with_batch_size_per_rank() -> None:
+    """attention_dp_size 2 runs two ranks per worker, batch_size requests in flight on each."""
+    point = tiny_points()["tiny_8b_h100_bf16_c2_dp2"]
+    assert (point.tp, point.dp, point.batch_size) == (1, 2, 2)
+    cfg = accuracy.compose_point_config(point)
+    assert (cfg.engine.tp_size, cfg.engine.dp_size) == (1, 2)
+    assert cfg.load.concurrency == 4 and cfg.workload.num_sessions == 40
+    assert cfg.engine.max_num_seqs == 256  # per rank
+    assert (
+        accuracy.compose_point_config(tiny_points()["tiny_8b_h100_bf16_c2_tp1"]).engine.dp_size == 1
+    )
 
 
 def test_a_run_is_compared_and_a_failing_run_recorded() -> None:
@@ -168,7 +180,8 @@ def test_mape_arithmetic_on_a_hand_made_result() -> None:
     assert overall["ttft_mape_pct"] == pytest.approx(30.0)
     assert overall["tpot_mape_pct"] == pytest.approx(25 / 3)
     assert overall["tpot_bias_pct"] == pytest.approx(-5.0)
-    assert accuracy.last_line(table) == "TTFT MAPE 30.0% TPOT MAPE 8.3% over 3 rows"
+    line = accuracy.last_line(table, hand_results())
+    assert line == "TTFT MAPE 30.0% TPOT MAPE 8.3% over 3 rows (2 skipped)"
 
 
 def test_main_end_to_end_in_parallel_matches_serial(tmp_path: Path, capsys) -> None:
@@ -181,7 +194,9 @@ def test_main_end_to_end_in_parallel_matches_serial(tmp_path: Path, capsys) -> N
         argv = ["--silicon", str(TINY), "--backend", "vllm", "--jobs", str(jobs)]
         assert accuracy.main([*argv, "--out", str(out), "--markdown", str(md)]) == 0
         lines = capsys.readouterr().out.strip().splitlines()
-        assert re.fullmatch(r"TTFT MAPE \d+\.\d% TPOT MAPE \d+\.\d% over 4 rows", lines[-1])
+        assert re.fullmatch(
+            r"TTFT MAPE \d+\.\d% TPOT MAPE \d+\.\d% over 5 rows \(7 skipped\)", lines[-1]
+        )
         assert md.read_text().strip().splitlines()[-1] == lines[-1]
         outs[jobs] = pd.read_csv(out)
     df = outs[1]

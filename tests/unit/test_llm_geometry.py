@@ -154,3 +154,39 @@ def test_trtllm_gives_kv_a_fraction_of_the_memory_the_weights_leave():
     block = 64 * 327680
     assert num_gpu_blocks(vllm) == int((0.9 * hbm - weights - reserve) // block)
     assert num_gpu_blocks(trtllm) == int(0.9 * (hbm - weights - reserve) // block)
+
+
+def test_attention_dp_ranks_share_the_experts_and_each_keeps_the_dense_part():
+    """DeepSeek-V3 (fp8) on 8 B200s as 8 attention-DP ranks of 1 GPU: a rank holds the dense
+    part (671 - 256 e B, e = (671 - 37) / 248 B per expert) and 1/8 of the experts; its pool is
+    what one GPU has left after them. One rank (dp 1) would hold all 671 GB: no room."""
+    from servesim import compose
+    from servesim.config.derived import (
+        all_to_all_bytes_per_token,
+        num_gpu_blocks,
+        rank_weight_bytes,
+        weight_bytes_read,
+    )
+    from servesim.config.errors import ConfigError
+
+    base = ["llm=deepseek_v3", "hardware=b200", "engine.tp_size=1", "engine.num_gpu_blocks=null"]
+    cfg = compose([*base, "+engine.dp_size=8"])
+    expert = (671 - 37) / 248
+    dense = 671 - 256 * expert
+    rank = (dense + 256 * expert / 8) * 1e9
+    assert rank_weight_bytes(cfg.llm, 8) == pytest.approx(rank)
+    assert rank_weight_bytes(cfg.llm, 1) == pytest.approx(671e9)
+    e = cfg.engine
+    kv = 180e9 * e.gpu_memory_utilization - rank_weight_bytes(cfg.llm, 8) - 2e9
+    assert num_gpu_blocks(cfg) == int(kv // (e.block_size * 61 * 576 * 2))
+    with pytest.raises(ConfigError, match="weights per rank"):
+        num_gpu_blocks(compose(base))
+    # experts see the tokens of all 8 ranks: one token per rank touches 1 - (1 - 8/256)^8 of
+    # them, and the rank reads its eighth
+    touched = 256 * (1 - (1 - 8 / 256) ** 8)
+    assert weight_bytes_read(cfg.llm, 1, 8) == pytest.approx((dense + touched * expert / 8) * 1e9)
+    assert weight_bytes_read(cfg.llm, 1e6, 8) == pytest.approx(rank)
+    # dispatch and combine of a token to its 8 experts, per layer, 7/8 of it off the GPU
+    assert all_to_all_bytes_per_token(cfg.llm, 1, 8) == 61 * 2 * 8 * 7168 * 2 * 7 / 8
+    assert all_to_all_bytes_per_token(cfg.llm, 8, 1) == 0  # experts under TP: the all-reduce
+    assert all_to_all_bytes_per_token(compose(["llm=llama3_8b"]).llm, 1, 8) == 0  # dense

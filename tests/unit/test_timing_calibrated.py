@@ -205,3 +205,35 @@ def test_a_missing_factors_file_is_a_config_error(config, trace, tmp_path):
     )
     with pytest.raises(ConfigError, match="timing.factors_path: cannot read"):
         simulate(cfg)
+
+
+def test_an_attention_dp_rank_prices_its_share_of_the_experts_and_the_all_to_all():
+    """Qwen3-30B-A3B on 2 attention-DP ranks of 1 H100: a rank's decode step of B sequences
+    reads its dense part and half the experts that 2 B tokens touch, and adds the all-to-all
+    (2 L a_ar + B x a2a / (NVLink e_ar)); with dp 1 it has neither."""
+    import yaml
+
+    from servesim.config.derived import (
+        all_to_all_bytes_per_token,
+        kv_bytes_per_token,
+        weight_bytes_read,
+    )
+    from servesim.config.schema import LlmConfig
+
+    llm = LlmConfig(**yaml.safe_load((REPO / "conf" / "llm" / "qwen3_30b_a3b.yaml").read_text()))
+    f = {**F, "e_ar": 0.5, "a_ar": 0.01, "o_seq": 0.0}
+    one, two = (CalibratedRoofline(llm, H100_CFG, 1, factors=f, dp_size=dp) for dp in (1, 2))
+    batch, ctx = 4, 1000
+    bw = H100_CFG.hbm_bandwidth_tbps * 1e9 * f["e_m"]  # bytes per ms
+    gemm_flops_per_ms = H100_CFG.bf16_tflops * 1e9 * f["e_c"]
+    flops = 2 * (llm.active_params_b * 1e9 - llm.vocab_size * llm.hidden_size) * batch
+    kv = kv_bytes_per_token(llm) * batch * ctx / bw
+    for model, dp in ((one, 1), (two, 2)):
+        gemm = max(flops / gemm_flops_per_ms, weight_bytes_read(llm, batch, dp) / bw)
+        a2a = all_to_all_bytes_per_token(llm, 1, dp) * batch
+        comm = (2 * llm.num_layers * f["a_ar"] + a2a / (H100_CFG.nvlink_gbps * 1e6 * 0.5)) * (
+            dp > 1
+        )
+        expected = gemm + kv + comm + f["o_d"]
+        assert model.decode_ms(batch, 0, 0, ctx) == pytest.approx(expected)
+    assert weight_bytes_read(llm, batch, 2) < weight_bytes_read(llm, batch, 1)
