@@ -20,15 +20,19 @@ API (as experiments/compare_dynamo.py does) and runs `model.simulate`:
 * attention data parallelism: `attention_dp_size` > 1 runs `engine.dp_size` ranks of `tp_size`
   GPUs each, the experts spread over all of them (servesim.config.derived), and `batch_size`
   is per rank (the source's `silicon_concurrency` is batch_size x attention_dp_size);
-* the measured load: a closed loop at `batch_size` (x DP ranks) requests in flight
-  (`load=concurrency`), 10 x that many single-turn synthetic requests whose input and output
-  lengths are drawn uniformly from 80-100 % of `isl` / `osl` (SGLang rows: exactly `isl` / `osl`,
-  LENGTH_LOW_BY_BACKEND says why), no shared prefix, prefix caching
-  off, `max_num_batched_tokens` 8192, `max_num_seqs` max(256, batch_size), the KV pool derived
+* disaggregated rows (`mode` disagg): `topology=disagg` with the row's prefill and decode
+  workers (an empty count is 1, said in the result's note), each role's TP and attention DP,
+  and per (prefill, decode) pair an InfiniBand link of 50 GB/s per GPU of the smaller worker;
+  the clients are the source's `silicon_concurrency`, else `decode_batch_size` x decode ranks;
+* the measured load: a closed loop at `batch_size` (x DP ranks; disagg: the clients) requests
+  in flight (`load=concurrency`), 10 x that many single-turn synthetic requests whose input
+  and output lengths are drawn uniformly from 80-100 % of `isl` / `osl` (SGLang rows: exactly
+  `isl` / `osl`, LENGTH_LOW_BY_BACKEND says why), no shared prefix, prefix caching off,
+  `max_num_batched_tokens` 8192, `max_num_seqs` max(256, batch_size), the KV pool derived
   from HBM, one aggregated worker behind round robin, a fixed seed;
 * timing: `timing=roofline` (or `--timing`, any conf/timing option), then every `--override`.
 
-Rows it does not run are counted by reason (the first that applies): mode (only `agg`),
+Rows it does not run are counted by reason (the first that applies): mode (agg and disagg),
 backends, models, systems, precisions, `pp_size` > 1, an incomplete row. A run that fails
 (e.g. the weights leave no room for KV at that TP: ConfigError) is recorded with its
 message and left out of the MAPE.
@@ -52,6 +56,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import sys
 import time
 from collections import Counter
@@ -114,6 +119,7 @@ def kv_dtype_for(system: str) -> str:
     return KV_DTYPES.get(system, KV_DTYPE)
 
 
+INFINIBAND_GBPS_PER_GPU = 50.0  # one 400 Gb/s NIC per GPU (conf/link/infiniband.yaml)
 MAX_NUM_BATCHED_TOKENS = 8192
 MIN_MAX_NUM_SEQS = 256
 REQUESTS_PER_CLIENT = 10  # about 10 x concurrency requests per measured point
@@ -206,8 +212,18 @@ class BadInput(ValueError):
 
 
 @dataclass(frozen=True)
+class Pool:
+    """One role of a disaggregated row: its workers, each `tp` x `dp` GPUs."""
+
+    workers: int
+    tp: int
+    dp: int
+
+
+@dataclass(frozen=True)
 class Point:
-    """One measured benchmark point that servesim can reproduce."""
+    """One measured benchmark point that servesim can reproduce (`prefill` and `decode` set
+    for a disaggregated row; `tp`, `dp` and `batch_size` are then the decode role's)."""
 
     id: str
     system: str
@@ -225,6 +241,10 @@ class Point:
     osl: int
     measured_ttft_ms: float
     measured_tpot_ms: float
+    concurrency: int  # requests in flight (the closed loop's clients)
+    prefill: Pool | None = None
+    decode: Pool | None = None
+    assumption: str = ""  # what the row does not say and the run assumes (in the result's note)
 
 
 @dataclass(frozen=True)
@@ -287,8 +307,8 @@ def map_row(row: Mapping[str, Any]) -> Point | Skip:
     model = _text(row["model_path"])
     system = _text(row["system"])
     precision = _text(row["precision"])
-    if mode != "agg":
-        return Skip(rid, "mode", f"mode {mode or '(empty)'}: only agg is reproduced")
+    if mode not in ("agg", "disagg"):
+        return Skip(rid, "mode", f"mode {mode or '(empty)'}: only agg and disagg are reproduced")
     backend = _text(row["backend"])
     if backend not in ENGINES:
         return Skip(rid, "backend", f"unsupported backend {backend or '(empty)'}")
@@ -298,15 +318,38 @@ def map_row(row: Mapping[str, Any]) -> Point | Skip:
         return Skip(rid, "system", f"unsupported system {system or '(empty)'}")
     if precision not in PRECISIONS:
         return Skip(rid, "precision", f"unsupported precision {precision}")
-    pp = _size(row["pp_size"])
+    pp = max(_size(row.get(f"{r}pp_size")) for r in ("", "prefill_", "decode_"))
     if pp > 1:
         return Skip(rid, "pp_size > 1", f"pp_size {pp}: pipeline parallelism is not modelled")
-    values = {k: _number(row[k]) for k in ("isl", "osl", "batch_size", "tp_size")}
+    needed = ("isl", "osl", "batch_size", "tp_size") if mode == "agg" else ("isl", "osl")
+    values = {k: _number(row[k]) for k in needed}
     values["silicon_ttft_ms"] = _number(row["silicon_ttft_ms"])
     values["silicon_tpot_ms"] = _number(row["silicon_tpot_ms"])
+    pools = None
+    if mode == "disagg":
+        pools = _pools(row)
+        values["concurrency"] = _disagg_concurrency(row, pools[1])
     bad = [k for k, v in values.items() if v is None or v <= 0]
     if bad:
         return Skip(rid, "incomplete row", f"no positive {', '.join(bad)}")
+    assumption = ""
+    if pools is not None:
+        prefill, decode = pools
+        missing = [
+            f"{r}_num_workers"
+            for r in ("prefill", "decode")
+            if _number(row.get(f"{r}_num_workers")) is None
+        ]
+        if missing:
+            assumption = f"{' and '.join(missing)} not in the row: 1 assumed"
+        concurrency = int(cast(float, values["concurrency"]))
+        ranks = decode.workers * decode.dp
+        tp, dp, batch = decode.tp, decode.dp, math.ceil(concurrency / ranks)
+    else:
+        tp, dp = int(cast(float, values["tp_size"])), _size(row["attention_dp_size"])
+        batch = int(cast(float, values["batch_size"]))
+        prefill = decode = None
+        concurrency = batch * dp
     return Point(
         id=rid,
         system=system,
@@ -317,14 +360,41 @@ def map_row(row: Mapping[str, Any]) -> Point | Skip:
         hardware=SYSTEMS[system],
         precision=precision or "bf16",
         dtype=PRECISIONS[precision],
-        tp=int(cast(float, values["tp_size"])),
-        dp=_size(row["attention_dp_size"]),
-        batch_size=int(cast(float, values["batch_size"])),
+        tp=tp,
+        dp=dp,
+        batch_size=batch,
         isl=int(cast(float, values["isl"])),
         osl=int(cast(float, values["osl"])),
         measured_ttft_ms=cast(float, values["silicon_ttft_ms"]),
         measured_tpot_ms=cast(float, values["silicon_tpot_ms"]),
+        concurrency=concurrency,
+        prefill=prefill,
+        decode=decode,
+        assumption=assumption,
     )
+
+
+def _pools(row: Mapping[str, Any]) -> tuple[Pool, Pool]:
+    """A disaggregated row's prefill and decode roles (an empty worker count is 1)."""
+
+    def pool(role: str) -> Pool:
+        return Pool(
+            workers=_size(row.get(f"{role}_num_workers")),
+            tp=_size(row.get(f"{role}_tp_size")),
+            dp=_size(row.get(f"{role}_attention_dp_size")),
+        )
+
+    return pool("prefill"), pool("decode")
+
+
+def _disagg_concurrency(row: Mapping[str, Any], decode: Pool) -> float | None:
+    """Clients of a disaggregated row: the source's `silicon_concurrency=N`, else its decode
+    batch per rank times the decode ranks; None when neither is given."""
+    m = re.search(r"silicon_concurrency=(\d+)", _text(row.get("silicon_data_source")))
+    if m:
+        return float(m.group(1))
+    batch = _number(row.get("decode_batch_size"))
+    return None if batch is None else batch * decode.workers * decode.dp
 
 
 def plan(df: pd.DataFrame) -> tuple[list[Point], list[Skip]]:
@@ -364,13 +434,12 @@ def point_overrides(point: Point, timing: str = "roofline", seed: int = 0) -> li
         f"hardware={point.hardware}",
         f"engine={point.engine}",
         f"timing={timing}",
-        "topology=aggregated",
-        "topology.num_workers=1",
+        *_topology(point),
         "router=round_robin",
         "load=concurrency",
-        f"load.concurrency={point.batch_size * point.dp}",
+        f"load.concurrency={point.concurrency}",
         "workload=synthetic",
-        f"workload.num_sessions={REQUESTS_PER_CLIENT * point.batch_size * point.dp}",
+        f"workload.num_sessions={REQUESTS_PER_CLIENT * point.concurrency}",
         "workload.turns_per_session=1",
         *_lengths("workload.input_tokens", point.isl, length_low(point.backend)),
         *_lengths("workload.output_tokens", point.osl, length_low(point.backend)),
@@ -385,6 +454,26 @@ def point_overrides(point: Point, timing: str = "roofline", seed: int = 0) -> li
         "output.tables=false",
         "output.progress=off",
         f"seed={seed}",
+    ]
+
+
+def _topology(point: Point) -> list[str]:
+    """One aggregated worker, or the row's P/D pools joined by InfiniBand (a 400 Gb/s NIC per
+    GPU: a link moves KV at 50 GB/s per GPU of the smaller worker)."""
+    if point.prefill is None or point.decode is None:
+        return ["topology=aggregated", "topology.num_workers=1"]
+    p, d = point.prefill, point.decode
+    nics = min(p.tp * p.dp, d.tp * d.dp)
+    return [
+        "topology=disagg",
+        f"topology.num_prefill_workers={p.workers}",
+        f"topology.num_decode_workers={d.workers}",
+        f"topology.prefill.tp_size={p.tp}",
+        f"topology.prefill.dp_size={p.dp}",
+        f"topology.decode.tp_size={d.tp}",
+        f"topology.decode.dp_size={d.dp}",
+        "link=infiniband",
+        f"link.bandwidth_gbps={INFINIBAND_GBPS_PER_GPU * nics:g}",
     ]
 
 
@@ -413,7 +502,7 @@ def run_point(
     record: dict[str, Any] = {
         "id": point.id,
         "status": "ok",
-        "note": "",
+        "note": point.assumption,
         "system": point.system,
         "backend": point.backend,
         "model": point.model,
@@ -450,13 +539,14 @@ def run_point(
     if not (math.isfinite(ttft) and math.isfinite(tpot)):
         record.update(status="failed", note="no prediction: mean TTFT or TPOT is missing")
     elif s.get("completed_requests") != s.get("num_requests"):
-        record["note"] = f"{s.get('completed_requests')} of {s.get('num_requests')} completed"
+        done = f"{s.get('completed_requests')} of {s.get('num_requests')} completed"
+        record["note"] = "; ".join(n for n in (point.assumption, done) if n)
     return record
 
 
 def _work(point: Point) -> float:
     """A rough cost, to start the slowest points first (decoded tokens dominate)."""
-    return point.batch_size * point.dp * (point.osl + point.isl / 64)
+    return point.concurrency * (point.osl + point.isl / 64)
 
 
 def run_points(
@@ -601,7 +691,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--silicon", required=True, help="silicon CSV (measured benchmark points)")
     ap.add_argument("--backend", help="only rows of this backend (vllm, sglang, trtllm)")
-    ap.add_argument("--mode", help="only rows of this mode (agg; disagg rows are skipped)")
+    ap.add_argument("--mode", help="only rows of this mode (agg, disagg)")
     ap.add_argument(
         "--timing", default="roofline", choices=timing_options(), help="conf/timing option"
     )

@@ -28,6 +28,7 @@ RUNNABLE = [
     "tiny_70b_h100_fp8_c2_tp1",
     "tiny_8b_h100_bf16_c2_dp2",
     "tiny_8b_h100_bf16_c2_tp1",
+    "tiny_8b_h100_bf16_disagg",
     "tiny_8b_h100_fp8_c4_tp2",
     "tiny_dsr1_b200_fp8_c2_tp8",
 ]
@@ -36,7 +37,6 @@ SKIPPED = {
     "tiny_8b_a100_bf16_c2_tp1": "system",
     "tiny_8b_h100_bf16_c2_no_tpot": "incomplete row",
     "tiny_8b_h100_bf16_c2_pp2": "pp_size > 1",
-    "tiny_8b_h100_bf16_disagg": "mode",
     "tiny_mistral_h100_bf16_c2_tp1": "model",
 }
 
@@ -47,7 +47,7 @@ def tiny_points() -> dict[str, object]:
 
 
 def test_rows_map_to_points_or_skip_reasons() -> None:
-    """vLLM rows: six agg rows run (sorted by id; MoE and INT4 ones among them), each other row is
+    """vLLM rows: six agg rows and a disagg row run (sorted by id; MoE and INT4 ones among them), each other row is
     skipped for the first reason that applies; the sglang row is not selected at all."""
     df = accuracy.read_silicon(TINY)
     chosen = accuracy.select(df, "vllm", None)
@@ -57,7 +57,7 @@ def test_rows_map_to_points_or_skip_reasons() -> None:
     assert {s.id: s.reason for s in skips} == SKIPPED
     assert [s.id for s in skips] == sorted(SKIPPED)
     assert accuracy.skip_summary(skips) == (
-        "mode 1, model 1, system 1, precision 1, pp_size > 1 1, incomplete row 1"
+        "model 1, system 1, precision 1, pp_size > 1 1, incomplete row 1"
     )
     p = {p.id: p for p in points}
     bf16 = p["tiny_8b_h100_bf16_c2_tp1"]
@@ -107,6 +107,38 @@ def test_composed_config_reproduces_the_measured_load() -> None:
     assert accuracy.compose_point_config(big).engine.max_num_seqs == 300
     over = accuracy.compose_point_config(point, "fixed", ["engine.max_num_batched_tokens=4096"])
     assert over.timing.kind == "fixed" and over.engine.max_num_batched_tokens == 4096
+
+
+def test_disagg_rows_run_their_pd_pools_over_infiniband() -> None:
+    """A disagg row runs topology=disagg with its roles' workers, TP and DP; its clients are the
+    source's silicon_concurrency, else the decode batch x decode ranks; a worker count the
+    row lacks is 1, said in the result's note."""
+    point = tiny_points()["tiny_8b_h100_bf16_disagg"]
+    assert (point.prefill, point.decode) == (accuracy.Pool(1, 1, 1), accuracy.Pool(1, 1, 1))
+    assert point.concurrency == 2 and point.assumption == ""
+    cfg = accuracy.compose_point_config(point)
+    t = cfg.topology
+    assert (t.kind, t.num_prefill_workers, t.num_decode_workers) == ("disagg", 1, 1)
+    assert (cfg.link.bandwidth_gbps, cfg.load.concurrency) == (50.0, 2)
+    df = accuracy.read_silicon(TINY)
+    row = df[df["id"] == "tiny_8b_h100_bf16_disagg"].iloc[0].to_dict()
+    row.update(
+        silicon_data_source="x; silicon_concurrency=12; y",
+        prefill_num_workers=None,
+        prefill_tp_size=2,
+        decode_num_workers=3,
+        decode_tp_size=4,
+        decode_attention_dp_size=2,
+    )
+    wide = accuracy.map_row(row)
+    assert (wide.prefill, wide.decode) == (accuracy.Pool(1, 2, 1), accuracy.Pool(3, 4, 2))
+    assert (wide.concurrency, wide.batch_size, wide.tp, wide.dp) == (12, 2, 4, 2)
+    assert wide.assumption == "prefill_num_workers not in the row: 1 assumed"
+    cfg = accuracy.compose_point_config(wide)
+    assert cfg.link.bandwidth_gbps == 100.0  # 2 NICs: the prefill worker's 2 GPUs
+    assert (cfg.topology.decode.tp_size, cfg.topology.decode.dp_size) == (4, 2)
+    result = accuracy.run_point(point)
+    assert result["status"] == "ok" and result["completed_requests"] == 20
 
 
 def test_attention_dp_rows_run_dp_ranks_with_batch_size_per_rank() -> None:
@@ -195,7 +227,7 @@ def test_main_end_to_end_in_parallel_matches_serial(tmp_path: Path, capsys) -> N
         assert accuracy.main([*argv, "--out", str(out), "--markdown", str(md)]) == 0
         lines = capsys.readouterr().out.strip().splitlines()
         assert re.fullmatch(
-            r"TTFT MAPE \d+\.\d% TPOT MAPE \d+\.\d% over 5 rows \(7 skipped\)", lines[-1]
+            r"TTFT MAPE \d+\.\d% TPOT MAPE \d+\.\d% over 6 rows \(6 skipped\)", lines[-1]
         )
         assert md.read_text().strip().splitlines()[-1] == lines[-1]
         outs[jobs] = pd.read_csv(out)
