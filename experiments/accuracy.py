@@ -42,7 +42,7 @@ the results are sorted by id. RESULT.csv has one row per selected row: `status` 
 skipped, `note` (the error or skip reason), the row's keys, measured and predicted mean TTFT /
 TPOT (summary `mean_ttft_ms`, `mean_tpot_ms`), `*_rel_error` = predicted / measured - 1,
 completed requests, preemptions, KV blocks and wall seconds. The table printed (and written to
-`--markdown`) has per (system, backend, model) and overall: rows, failures, the MAPE
+`--markdown`) has per (system, backend, model, mode) and overall: rows, failures, the MAPE
 (mean |rel_error| x 100) and the bias (mean rel_error x 100) of TTFT and TPOT. The last line
 is `TTFT MAPE x% TPOT MAPE y% over N rows (M skipped)`, M the selected rows not predicted;
 every skipped row and failed run is listed above it with its reason.
@@ -171,6 +171,7 @@ RESULT_COLUMNS = (
     "system",
     "backend",
     "model",
+    "mode",
     "llm",
     "precision",
     "tp",
@@ -201,7 +202,7 @@ INT_COLUMNS = (
     "n_preemptions",
     "num_gpu_blocks",
 )
-GROUP = ("system", "backend", "model")
+GROUP = ("system", "backend", "model", "mode")
 
 
 class BadInput(ValueError):
@@ -506,6 +507,7 @@ def run_point(
         "system": point.system,
         "backend": point.backend,
         "model": point.model,
+        "mode": "agg" if point.decode is None else "disagg",
         "llm": point.llm,
         "precision": point.precision,
         "tp": point.tp,
@@ -590,6 +592,7 @@ def skip_record(skip: Skip, row: Mapping[str, Any]) -> dict[str, Any]:
         "system": _text(row["system"]),
         "backend": _text(row["backend"]),
         "model": _text(row["model_path"]),
+        "mode": _text(row["mode"]),
         "precision": _text(row["precision"]),
         "tp": _number(row["tp_size"]),
         "batch_size": _number(row["batch_size"]),
@@ -619,7 +622,7 @@ def _pct(errors: pd.Series, absolute: bool) -> float:
 
 
 def accuracy_table(results: pd.DataFrame) -> pd.DataFrame:
-    """Per (system, backend, model), then `all`: rows in the MAPE, failed runs, TTFT and TPOT
+    """Per (system, backend, model, mode), then `all`: rows in the MAPE, failed runs, TTFT and TPOT
     MAPE and bias in percent. Only status `ok` rows count; skipped rows are not in it."""
     ran = results[results["status"].isin(["ok", "failed"])]
     rows = []
@@ -637,7 +640,7 @@ def accuracy_table(results: pd.DataFrame) -> pd.DataFrame:
 
     for key, g in ran.groupby(list(GROUP), sort=True):
         rows.append({**dict(zip(GROUP, key, strict=True)), **stats(g)})
-    rows.append({"system": "all", "backend": "all", "model": "all", **stats(ran)})
+    rows.append({**dict.fromkeys(GROUP, "all"), **stats(ran)})
     return pd.DataFrame.from_records(rows)
 
 

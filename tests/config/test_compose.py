@@ -142,7 +142,7 @@ def test_num_gpu_blocks_derived_from_hbm(tmp_path):
         ("engine.max_num_seqs=0", "engine.max_num_seqs"),
         ("engine.preemption_mode=random", "engine.preemption_mode"),
         ("topology.num_workers=0", "topology.num_workers"),
-        ("timing.prefill_a=abc", "timing.prefill_a"),
+        ("engine.gpu_memory_utilization=abc", "engine.gpu_memory_utilization"),
         ("load.arrival_speedup_ratio=-1", "load.arrival_speedup_ratio"),
         ("+engine.bogus=3", "engine.bogus"),
     ],

@@ -188,6 +188,7 @@ def hand_results() -> pd.DataFrame:
             "system": sy,
             "backend": "vllm",
             "model": m,
+            "mode": "agg",
             "ttft_rel_error": t,
             "tpot_rel_error": p,
         }

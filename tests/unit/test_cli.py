@@ -36,13 +36,16 @@ def test_default_run_prints_a_summary_and_writes_tables(tmp_path):
 
 
 def test_a_timing_model_blind_to_the_model_says_so_once(tmp_path, tiny_trace):
-    """The mocker's formula with another model and TP: one line on stderr before the run."""
+    """The mocker's formula with another model and TP: one line on stderr before the run; the
+    default timing (calibrated_roofline) prices them and says nothing."""
     args = ("workload=mooncake", f"workload.path={tiny_trace}", "hydra.run.dir=out")
-    out = servesim(*args, "llm=llama3_70b", "engine.tp_size=4", cwd=tmp_path)
+    big = ("llm=llama3_70b", "engine.tp_size=4")
+    out = servesim(*args, *big, "timing=polynomial", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     notes = [line for line in out.stderr.splitlines() if line.startswith("servesim: note:")]
     assert len(notes) == 1 and "timing=polynomial ignores" in notes[0]
-    assert "servesim: note:" not in servesim(*args, cwd=tmp_path).stderr
+    assert "servesim: note:" not in servesim(*args, "timing=polynomial", cwd=tmp_path).stderr
+    assert "servesim: note:" not in servesim(*args, *big, cwd=tmp_path).stderr
 
 
 def test_the_summary_says_which_code_ran(tmp_path, tiny_trace, monkeypatch):

@@ -152,10 +152,14 @@ def test_roofline_prefill_compute_bound_decode_memory_bound():
     "overrides, said",
     [
         ([], None),
-        (["llm=llama3_70b", "engine.tp_size=4"], "llm=llama3_70b, tp_size=4 only size"),
-        (["hardware=b200"], "hardware=b200 only size"),
+        (["timing=polynomial"], None),
+        (
+            ["llm=llama3_70b", "engine.tp_size=4", "timing=polynomial"],
+            "llm=llama3_70b, tp_size=4 only size",
+        ),
+        (["hardware=b200", "timing=polynomial"], "hardware=b200 only size"),
         (["timing=fixed", "engine.tp_size=2"], "timing=fixed ignores"),
-        (["llm=llama3_70b", "engine.tp_size=4", "timing=calibrated_roofline"], None),
+        (["llm=llama3_70b", "engine.tp_size=4"], None),  # the default, calibrated_roofline
         (["experiment=dynamo_compat"], None),
     ],
 )
