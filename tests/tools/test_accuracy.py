@@ -47,8 +47,9 @@ def tiny_points() -> dict[str, object]:
 
 
 def test_rows_map_to_points_or_skip_reasons() -> None:
-    """vLLM rows: six agg rows and a disagg row run (sorted by id; MoE and INT4 ones among them), each other row is
-    skipped for the first reason that applies; the sglang row is not selected at all."""
+    """vLLM rows: six agg rows and a disagg row run (sorted by id; MoE and INT4 ones among
+    them), each other row is skipped for the first reason that applies; the sglang row is not
+    selected at all."""
     df = accuracy.read_silicon(TINY)
     chosen = accuracy.select(df, "vllm", None)
     assert len(df) == 13 and len(chosen) == 12
