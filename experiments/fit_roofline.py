@@ -50,13 +50,13 @@ import pandas as pd
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiments/ is not a package
-from accuracy import (  # noqa: E402  (one set of maps and one way to run a point)
+from accuracy import run_points  # noqa: E402  (one way to run a point)
+from accuracy_points import (  # noqa: E402  (one set of maps)
     MODELS,
     PRECISIONS,
     SYSTEMS,
     kv_dtype_for,
     plan,
-    run_points,
 )
 
 from servesim.config.derived import kv_bytes_per_token, weight_bytes

@@ -30,16 +30,8 @@ import pandas as pd
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiments/ is not a package
-from accuracy import (  # noqa: E402  (one set of maps and one way to run a point)
-    CONF_DIR,
-    BadInput,
-    _pct,
-    markdown,
-    plan,
-    read_silicon,
-    run_points,
-    select,
-)
+from accuracy import _pct, markdown, run_points  # noqa: E402  (one way to run and report)
+from accuracy_points import CONF_DIR, BadInput, plan, read_silicon, select  # noqa: E402
 
 from servesim.timing.calibrated import FACTORS_PATH  # noqa: E402
 
