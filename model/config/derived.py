@@ -129,11 +129,10 @@ def weight_bytes_read(llm: LlmConfig, tokens: float, dp_size: int = 1) -> float:
     expectation (each expert is untouched by a token with probability 1 - k/E, independently).
     With dp_size attention-DP ranks in lock-step, each running `tokens`, the experts see the
     tokens of every rank and each rank holds (and reads) 1/dp_size of them."""
-    dense, expert = _dense_and_expert_params_b(llm)
     if llm.num_experts is None:
         return weight_bytes(llm)
-    e, k = llm.num_experts, llm.experts_per_token
-    assert k is not None
+    dense, expert = _dense_and_expert_params_b(llm)
+    e, k = llm.num_experts, llm.experts_per_token or 0
     touched = e * (1.0 - (1.0 - k / e) ** max(tokens * dp_size, 0.0))
     return (dense + touched * expert / dp_size) * 1e9 * DTYPE_BYTES[llm.dtype]
 
