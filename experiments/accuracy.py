@@ -241,22 +241,30 @@ def _pct(errors: pd.Series, absolute: bool) -> float:
     return float(e.mean() * 100) if len(e) else math.nan
 
 
+def error_stats(results: pd.DataFrame) -> dict[str, Any]:
+    """Over the `ok` rows of some results: how many, and the TTFT and TPOT MAPE and bias in
+    percent."""
+    ok = results[results["status"] == "ok"]
+    ttft, tpot = ok["ttft_rel_error"].astype(float), ok["tpot_rel_error"].astype(float)
+    return {
+        "rows": int(len(ok)),
+        "ttft_mape_pct": _pct(ttft, True),
+        "tpot_mape_pct": _pct(tpot, True),
+        "ttft_bias_pct": _pct(ttft, False),
+        "tpot_bias_pct": _pct(tpot, False),
+    }
+
+
 def accuracy_table(results: pd.DataFrame) -> pd.DataFrame:
-    """Per (system, backend, model, mode), then `all`: rows in the MAPE, failed runs, TTFT and TPOT
-    MAPE and bias in percent. Only status `ok` rows count; skipped rows are not in it."""
+    """Per (system, backend, model, mode), then `all`: rows in the MAPE, failed runs, TTFT and
+    TPOT MAPE and bias in percent. Only status `ok` rows count; skipped rows are not in it."""
     ran = results[results["status"].isin(["ok", "failed"])]
     rows = []
 
     def stats(g: pd.DataFrame) -> dict[str, Any]:
-        ok = g[g["status"] == "ok"]
-        return {
-            "rows": int(len(ok)),
-            "failed": int((g["status"] == "failed").sum()),
-            "ttft_mape_pct": _pct(ok["ttft_rel_error"].astype(float), True),
-            "tpot_mape_pct": _pct(ok["tpot_rel_error"].astype(float), True),
-            "ttft_bias_pct": _pct(ok["ttft_rel_error"].astype(float), False),
-            "tpot_bias_pct": _pct(ok["tpot_rel_error"].astype(float), False),
-        }
+        errors = error_stats(g)
+        failed = int((g["status"] == "failed").sum())
+        return {"rows": errors.pop("rows"), "failed": failed, **errors}
 
     for key, g in ran.groupby(list(GROUP), sort=True):
         rows.append({**dict(zip(GROUP, key, strict=True)), **stats(g)})

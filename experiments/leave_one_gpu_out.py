@@ -30,10 +30,12 @@ import pandas as pd
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiments/ is not a package
-from accuracy import _pct, markdown, run_points  # noqa: E402  (one way to run and report)
+from accuracy import error_stats, markdown, run_points  # noqa: E402  (one way to run, report)
 from accuracy_points import CONF_DIR, BadInput, plan, read_silicon, select  # noqa: E402
 
+from servesim.config.schema import HardwareConfig  # noqa: E402
 from servesim.timing.calibrated import FACTORS_PATH  # noqa: E402
+from servesim.timing.calibrated import family_of as gpu_family  # noqa: E402
 
 DENSE = ("llama3_8b", "llama3_70b", "qwen3_32b")  # the models the factors are fitted on
 
@@ -41,24 +43,13 @@ DENSE = ("llama3_8b", "llama3_70b", "qwen3_32b")  # the models the factors are f
 def family_of(hardware: str) -> str:
     """A conf/hardware option -> its GPU family (the key of the calibrated roofline's factors)."""
     conf = yaml.safe_load((CONF_DIR / "hardware" / f"{hardware}.yaml").read_text())
-    return str(conf["family"])
+    return gpu_family(HardwareConfig(**conf))
 
 
 def only_family(table: dict, family: str) -> dict:
     """The factors table with only `family`'s groups: what a fit on that family's rows gives."""
     groups = {k: v for k, v in table["groups"].items() if k.split("/")[0] == family}
     return {**table, "groups": groups, "fitted_on": f"{family} only (leave-one-GPU-out)"}
-
-
-def summary(results: pd.DataFrame) -> dict[str, float]:
-    ok = results[results["status"] == "ok"]
-    return {
-        "rows": len(ok),
-        "ttft_mape_pct": _pct(ok["ttft_rel_error"].astype(float), True),
-        "tpot_mape_pct": _pct(ok["tpot_rel_error"].astype(float), True),
-        "ttft_bias_pct": _pct(ok["ttft_rel_error"].astype(float), False),
-        "tpot_bias_pct": _pct(ok["tpot_rel_error"].astype(float), False),
-    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,7 +90,12 @@ def main(argv: list[str] | None = None) -> int:
                 frames.append(res)
                 for system, g in res.groupby("system"):
                     rows.append(
-                        {"fitted_on": family, "tested_on": system, "factors": name, **summary(g)}
+                        {
+                            "fitted_on": family,
+                            "tested_on": system,
+                            "factors": name,
+                            **error_stats(g),
+                        }
                     )
     if not frames:
         print("leave_one_gpu_out: no row of another GPU family to test on", file=sys.stderr)
@@ -108,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     results.to_csv(args.out, index=False)
     text = markdown(pd.DataFrame(rows))
-    held = summary(results[results["factors"] == "held out"])
+    held = error_stats(results[results["factors"] == "held out"])
     line = (
         f"held out: TTFT MAPE {held['ttft_mape_pct']:.1f}% TPOT MAPE {held['tpot_mape_pct']:.1f}% "
         f"over {held['rows']} rows"
