@@ -232,11 +232,12 @@ class ClusterBase:
 
     def in_flight(self) -> list[Request]:
         """Requests dispatched but not ended: those still in the frontend, those waiting in a
-        router, then worker by worker (running, then waiting)."""
+        router, then worker by worker (rejected by the pass it computes, running, waiting)."""
         out: list[Request] = list(self.in_frontend.values())
         for router in self.routers:
             out.extend(router.waiting())
         for w in self.workers:
+            out.extend(w.rejecting)
             for rank in w.ranks:
                 sched = rank.scheduler
                 out.extend(sched.running)

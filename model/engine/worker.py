@@ -150,6 +150,9 @@ class Worker:
         # copies out of G1 that landed mid-pass: applied first at the pass end
         self._landed: list[Callable[[], None]] = []
         self.last_end_ms = -1.0  # when its last pass ended
+        # requests the pass being computed rejects: out of their scheduler's queues since the
+        # pass was formed, in flight until its end delivers them
+        self.rejecting: list[Request] = []
         # called at a request's first token (a KV router's load view), and once a pass end's
         # first tokens, completions and rejections have all been delivered
         self.on_first_token: Callable[[Request], None] | None = None
@@ -255,7 +258,7 @@ class Worker:
             pass_ended = True
             t = env.now
             # 1. each rank forms its part of the pass (lock-step ranks: one pass)
-            batches = [r.scheduler.schedule(t) for r in ranks]
+            batches = self._form(t)
             if not any(b.items for b in batches):
                 if any(b.rejected or b.n_preempted for b in batches):
                     # only rejections, or a request that preempted itself: a pass of no
@@ -282,6 +285,13 @@ class Worker:
             yield from self._busy_until_pass_end(end)
             # 4. apply it at its end: tokens, completions, released blocks, KV events
             self._end_pass(self._finish(batches, t, end), batches)
+
+    def _form(self, t: float) -> list[Batch]:
+        """Each rank forms its part of a pass starting at `t`; the requests it rejects stay
+        visible (`rejecting`) until the pass end delivers them."""
+        batches = [r.scheduler.schedule(t) for r in self.ranks]
+        self.rejecting = [req for b in batches for req, _ in b.rejected]
+        return batches
 
     def _sleep(self) -> Generator[simpy.Event, None, None]:
         """Sleep until something wakes the worker (an arrival, a delivery, freed blocks)."""
@@ -384,6 +394,7 @@ class Worker:
                 for command in landed:
                     command()
             self.sample_kv()
+        self.rejecting = []
         for batch in batches:
             for req, reason in batch.rejected:
                 self.on_reject(req, reason)

@@ -103,7 +103,7 @@ class FastWorker(Worker):
                             yield from self._busy_until_pass_end(t)
                             self._end_pass(stretch.done, [])
                             break
-                batches = [r.scheduler.schedule(t) for r in ranks]
+                batches = self._form(t)
                 if not any(b.items for b in batches):
                     if not any(b.rejected or b.n_preempted for b in batches):
                         # waiting work that cannot be admitted yet (its KV is held elsewhere
