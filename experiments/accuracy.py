@@ -58,6 +58,7 @@ from accuracy_points import (  # noqa: E402
     plan,
     read_silicon,
     select,
+    size_pools,
 )
 
 from servesim import simulate  # noqa: E402
@@ -118,33 +119,19 @@ def _float(v: Any) -> float:
 def run_point(
     point: Point, timing: str = "roofline", overrides: Sequence[str] = (), seed: int = 0
 ) -> dict[str, Any]:
-    """One result row: compose, simulate, compare. Never raises for a failing run: the
-    error's type and message go to `note` with status `failed`."""
-    record: dict[str, Any] = {
-        "id": point.id,
-        "status": "ok",
-        "note": point.assumption,
-        "system": point.system,
-        "backend": point.backend,
-        "model": point.model,
-        "mode": "agg" if point.decode is None else "disagg",
-        "llm": point.llm,
-        "precision": point.precision,
-        "tp": point.tp,
-        "dp": point.dp,
-        "batch_size": point.batch_size,
-        "isl": point.isl,
-        "osl": point.osl,
-        "measured_ttft_ms": point.measured_ttft_ms,
-        "measured_tpot_ms": point.measured_tpot_ms,
-    }
+    """One result row: size the P/D pools a row lacks, compose, simulate, compare. Never
+    raises for a failing run: the error's type and message go to `note` with status
+    `failed`."""
     start = time.perf_counter()
     try:
+        point = size_pools(point, timing, overrides)
         result = simulate(compose_point_config(point, timing, overrides, seed))
     except Exception as e:  # recorded, never swallowed: the row is reported as failed
+        record = _record(point)
         record.update(status="failed", note=f"{type(e).__name__}: {e}")
         record["wall_s"] = time.perf_counter() - start
         return record
+    record = _record(point)
     s = result.summary
     ttft, tpot = _float(s.get("mean_ttft_ms")), _float(s.get("mean_tpot_ms"))
     record.update(
@@ -164,6 +151,30 @@ def run_point(
         done = f"{s.get('completed_requests')} of {s.get('num_requests')} completed"
         record["note"] = "; ".join(n for n in (point.assumption, done) if n)
     return record
+
+
+def _record(point: Point) -> dict[str, Any]:
+    """A result row's description of its point (the run's outcome is added to it)."""
+    return {
+        "id": point.id,
+        "status": "ok",
+        "note": point.assumption,
+        "system": point.system,
+        "backend": point.backend,
+        "model": point.model,
+        "mode": "agg" if point.decode is None else "disagg",
+        "llm": point.llm,
+        "precision": point.precision,
+        "tp": point.tp,
+        "dp": point.dp,
+        "batch_size": point.batch_size,
+        "isl": point.isl,
+        "osl": point.osl,
+        "measured_ttft_ms": point.measured_ttft_ms,
+        "measured_tpot_ms": point.measured_tpot_ms,
+        "prefill_workers": None if point.prefill is None else point.prefill.workers,
+        "decode_workers": None if point.decode is None else point.decode.workers,
+    }
 
 
 def _work(point: Point) -> float:
@@ -351,7 +362,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.limit is not None:
             points = points[: args.limit]
         if points:  # bad overrides or timing fail every run: say so once, before the pool
-            compose_point_config(points[0], args.timing, args.override, args.seed)
+            first = size_pools(points[0], args.timing, args.override)
+            compose_point_config(first, args.timing, args.override, args.seed)
     except BadInput as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 2

@@ -16,7 +16,8 @@ runs it and compares:
   GPUs each, the experts spread over all of them (servesim.config.derived), and `batch_size`
   is per rank (the source's `silicon_concurrency` is batch_size x attention_dp_size);
 * disaggregated rows (`mode` disagg): `topology=disagg` with the row's prefill and decode
-  workers (an empty count is 1, said in the result's note), each role's TP and attention DP,
+  workers (a count the row lacks is sized by rate matching, experiments/rate_match.py, and
+  said in the result's note), each role's TP and attention DP,
   and per (prefill, decode) pair an InfiniBand link of 50 GB/s per GPU of the smaller worker;
   the clients are the source's `silicon_concurrency`, else `decode_batch_size` x decode ranks;
 * the measured load: a closed loop at `batch_size` (x DP ranks; disagg: the clients) requests
@@ -38,11 +39,12 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
 import pandas as pd
+from rate_match import rate_matched_workers  # (experiments/ is on the path: accuracy.py)
 
 from servesim import RunConfig, compose
 
@@ -149,9 +151,10 @@ class BadInput(ValueError):
 
 @dataclass(frozen=True)
 class Pool:
-    """One role of a disaggregated row: its workers, each `tp` x `dp` GPUs."""
+    """One role of a disaggregated row: its workers (None: not in the row), each `tp` x `dp`
+    GPUs."""
 
-    workers: int
+    workers: int | None
     tp: int
     dp: int
 
@@ -268,21 +271,14 @@ def map_row(row: Mapping[str, Any]) -> Point | Skip:
     bad = [k for k, v in values.items() if v is None or v <= 0]
     if bad:
         return Skip(rid, "incomplete row", f"no positive {', '.join(bad)}")
-    assumption = ""
     prefill: Pool | None = None
     decode: Pool | None = None
     if pools is not None:
         prefill, decode = pools
-        missing = [
-            f"{r}_num_workers"
-            for r in ("prefill", "decode")
-            if _number(row.get(f"{r}_num_workers")) is None
-        ]
-        if missing:
-            assumption = f"{' and '.join(missing)} not in the row: 1 assumed"
         concurrency = int(cast(float, values["concurrency"]))
-        ranks = pools[1].workers * pools[1].dp
-        tp, dp, batch = pools[1].tp, pools[1].dp, math.ceil(concurrency / ranks)
+        # (until rate matching sizes a decode pool the row lacks: as if one worker)
+        ranks = (decode.workers or 1) * decode.dp
+        tp, dp, batch = decode.tp, decode.dp, math.ceil(concurrency / ranks)
     else:
         tp, dp = int(cast(float, values["tp_size"])), _size(row["attention_dp_size"])
         batch = int(cast(float, values["batch_size"]))
@@ -307,16 +303,16 @@ def map_row(row: Mapping[str, Any]) -> Point | Skip:
         concurrency=concurrency,
         prefill=prefill,
         decode=decode,
-        assumption=assumption,
     )
 
 
 def _pools(row: Mapping[str, Any]) -> tuple[Pool, Pool]:
-    """A disaggregated row's prefill and decode roles (an empty worker count is 1)."""
+    """A disaggregated row's prefill and decode roles (an empty worker count is None)."""
 
     def pool(role: str) -> Pool:
+        workers = _number(row.get(f"{role}_num_workers"))
         return Pool(
-            workers=_size(row.get(f"{role}_num_workers")),
+            workers=None if workers is None else max(1, int(workers)),
             tp=_size(row.get(f"{role}_tp_size")),
             dp=_size(row.get(f"{role}_attention_dp_size")),
         )
@@ -331,7 +327,35 @@ def _disagg_concurrency(row: Mapping[str, Any], decode: Pool) -> float | None:
     if m:
         return float(m.group(1))
     batch = _number(row.get("decode_batch_size"))
-    return None if batch is None else batch * decode.workers * decode.dp
+    if batch is None or decode.workers is None:
+        return None
+    return batch * decode.workers * decode.dp
+
+
+def size_pools(point: Point, timing: str = "roofline", overrides: Sequence[str] = ()) -> Point:
+    """A disaggregated point whose row lacks a worker count, with that count sized by rate
+    matching (servesim's own timing and KV pools for the row's roles: rate_match.py) and said
+    in its note; any other point as it is."""
+    p, d = point.prefill, point.decode
+    if p is None or d is None or (p.workers is not None and d.workers is not None):
+        return point
+    one = replace(point, prefill=replace(p, workers=1), decode=replace(d, workers=1))
+    cfg = compose_point_config(one, timing, overrides)
+    n_prefill, n_decode = rate_matched_workers(cfg, point.concurrency, point.isl, point.osl)
+    prefill = replace(p, workers=p.workers or n_prefill)
+    decode = replace(d, workers=d.workers or n_decode)
+    sized = [
+        f"{role}_num_workers {n}"
+        for role, n, given in (("prefill", n_prefill, p), ("decode", n_decode, d))
+        if given.workers is None
+    ]
+    return replace(
+        point,
+        prefill=prefill,
+        decode=decode,
+        batch_size=math.ceil(point.concurrency / (cast(int, decode.workers) * decode.dp)),
+        assumption=f"not in the row, rate-matched: {', '.join(sized)}",
+    )
 
 
 def plan(df: pd.DataFrame) -> tuple[list[Point], list[Skip]]:
@@ -400,6 +424,8 @@ def _topology(point: Point) -> list[str]:
     if point.prefill is None or point.decode is None:
         return ["topology=aggregated", "topology.num_workers=1"]
     p, d = point.prefill, point.decode
+    if p.workers is None or d.workers is None:
+        raise ValueError(f"{point.id}: a worker count the row lacks is not sized (size_pools)")
     nics = min(p.tp * p.dp, d.tp * d.dp)
     return [
         "topology=disagg",

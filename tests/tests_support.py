@@ -17,7 +17,7 @@ CALIBRATED_FACTORS = {
     "e_m": 0.8,
     "e_a": 0.25,
     "o_p": 4.0,
-    "o_d": 2.0,
+    "o_d": 0.0625,  # ms per layer: 2 ms a decode step of Llama-3.1-8B's 32 layers
     "o_seq": 0.01,
     "a_ar": 0.02,
     "o_req": 30.0,

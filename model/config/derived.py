@@ -57,6 +57,21 @@ def kv_bytes_per_token_per_gpu(llm: LlmConfig, tp_size: int) -> int:
     return full_attention_layers(llm) * kv_layer_bytes(llm, tp_size)
 
 
+def linear_state_bytes(llm: LlmConfig) -> float:
+    """Bytes of one sequence's linear-attention state, all such layers (whole model, before TP
+    sharding): what a pass reads and writes back for each sequence it runs."""
+    per_layer = llm.linear_state_elements_per_layer * DTYPE_BYTES[llm.linear_state_dtype]
+    return llm.num_linear_attention_layers * per_layer
+
+
+def kv_bytes_read_per_token(llm: LlmConfig, tp_size: int) -> int:
+    """KV bytes a `tp_size` group reads for one cached token when its attention reads the
+    token: each GPU reads what it holds, so KV that every GPU holds (MLA's latent; KV heads
+    fewer than the GPUs) is read once per GPU: tp_size x `kv_bytes_per_token_per_gpu`
+    (= `kv_bytes_per_token` when the KV heads split evenly over the group)."""
+    return tp_size * kv_bytes_per_token_per_gpu(llm, tp_size)
+
+
 def window_kv_bytes(llm: LlmConfig, context: float) -> float:
     """KV bytes the sliding-window layers hold (and attention reads) for one sequence of
     `context` tokens (whole model): the last `sliding_window` tokens of each such layer."""

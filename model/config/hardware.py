@@ -53,6 +53,14 @@ class LlmConfig(Schema):
     num_linear_attention_layers: int = Field(
         0, ge=0, description="layers with a fixed-size state and no per-token KV"
     )
+    # the state a linear-attention layer keeps per sequence, which each pass reads and writes
+    # back for every sequence it runs (gated DeltaNet: value heads x key dim x value dim)
+    linear_state_elements_per_layer: int = Field(
+        0, ge=0, description="elements of one sequence's state in one linear-attention layer"
+    )
+    linear_state_dtype: Literal["bfloat16", "float32"] = Field(
+        "float32", description="the state's dtype (SGLang's --mamba-ssm-dtype default)"
+    )
 
     @model_validator(mode="after")
     def _attention_complete(self) -> LlmConfig:
@@ -63,6 +71,8 @@ class LlmConfig(Schema):
             raise ValueError("kv_lora_rank and qk_rope_head_dim are for attention: mla only")
         if (self.sliding_window is None) != (self.num_sliding_window_layers == 0):
             raise ValueError("sliding_window and num_sliding_window_layers go together")
+        if self.linear_state_elements_per_layer and not self.num_linear_attention_layers:
+            raise ValueError("linear_state_elements_per_layer needs num_linear_attention_layers")
         if self.num_sliding_window_layers + self.num_linear_attention_layers >= self.num_layers:
             raise ValueError(
                 "num_sliding_window_layers + num_linear_attention_layers must leave at least "

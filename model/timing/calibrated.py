@@ -9,11 +9,16 @@ W: weight bytes, L layers, H query heads, d head dim, h hidden size, kv: KV byte
                the T tokens touch in expectation)
     attention  prefill: 4 L H d T (prefix + chunk / 2) / (tp peak_bf16 e_a)
                         + kv n isl / (tp BW e_m)
-               decode:  kv B ctx / (tp BW e_m)
+               decode:  4 L H d B ctx / (tp peak_bf16 e_a) + kv B ctx / (tp BW e_m)
+               (kv: KV bytes the TP group reads per token, each GPU its own share, and all of
+               it where every GPU holds it: MLA's latent, or fewer KV heads than GPUs; MLA
+               decodes in its compressed form, 2 L H (2 r + rope) flops per pair)
+               + 2 S (n + B) / (tp BW e_m)   (linear-attention layers: each sequence's
+               state S, `linear_state_bytes`, read and written back once per pass)
     all-reduce 2 L (a_ar + 2 (tp - 1) / tp x tokens h 2 B / (NVLink B/s e_ar))  (tp > 1 only)
     all-to-all 2 L a_ar + tokens x a2a / (tp NVLink B/s e_ar)   (MoE, dp > 1 only)
     part       t = t_gemm + t_attn + t_comm + o_p             (prefill)
-                 t = t_gemm + t_attn + t_comm + o_d + o_seq B     (decode)
+                 t = t_gemm + t_attn + t_comm + o_d L + o_seq B   (decode)
     mixed      t = t_gemm(T + B) + both t_attn + t_comm(T + B) + o_p + o_seq B
                (a pass with both parts is priced as one: its weights are read once)
 
@@ -29,7 +34,8 @@ the KV read and `o_seq` once per sequence); peak_w the dense tensor rate of the
 weights' dtype (fp4, fp8, else bf16). The fitted factors, per (GPU family, weight dtype), are
 `e_c` (GEMM compute efficiency), `e_m` (HBM efficiency), `e_a` (attention efficiency), `e_ar`
 (all-reduce bandwidth efficiency: achieved / rated NVLink bytes per second; 1 if absent), `o_p`,
-`o_d` (fixed ms per prefill / decode part), `o_seq` (ms per decoding sequence: sampling,
+`o_d` (fixed ms per prefill part / per layer of a decode part: a decode step's kernel
+launches and syncs, which grow with the layers), `o_seq` (ms per decoding sequence: sampling,
 detokenization, scheduling), `a_ar` (ms per all-reduce) and `o_req` (a request's
 frontend latency before the scheduler sees it: tokenization, API; the cluster applies it, and it
 counts in TTFT only); they live in
@@ -52,7 +58,8 @@ from servesim.config.derived import (
     active_params,
     all_to_all_bytes_per_token,
     attn_flops_per_pair,
-    kv_bytes_per_token,
+    kv_bytes_read_per_token,
+    linear_state_bytes,
     rank_weight_bytes,
     weight_bytes_read,
     window_attention_flops,
@@ -159,7 +166,10 @@ class CalibratedRoofline:
         self.weight_bytes = rank_weight_bytes(llm, dp_size)
         self.gemm_flops_per_token = 2.0 * (active_params(llm) - llm.vocab_size * llm.hidden_size)
         self.attn_flops_per_pair = attn_flops_per_pair(llm)
-        self.kv_bytes_per_token = kv_bytes_per_token(llm)
+        self.attn_flops_per_pair_decode = attn_flops_per_pair(llm, decode=True)
+        self.kv_bytes_read_per_token = kv_bytes_read_per_token(llm, tp_size)
+        # a sequence's linear-attention state, read and written back by every pass it is in
+        self.state_bytes_per_seq = 2 * linear_state_bytes(llm)
         self.set_factors(factors)
 
     def set_factors(self, factors: dict[str, float]) -> None:
@@ -210,14 +220,20 @@ class CalibratedRoofline:
         self, n: int, mean_isl: int, mean_prefix: int, t: int, batch: int, mean_context: int
     ) -> float:
         """Attention of a pass: the prefill part's flops (n sequences, t new tokens), and
-        reading the KV of its sequences and of the decode part's `batch`."""
+        reading the KV of its sequences, and the decode part's flops (`batch` sequences of
+        `mean_context` tokens) and reading their KV."""
         llm = self.llm
         attn = 0.0
         if t:
             context = mean_prefix + t / n / 2
             attn = self.attn_flops_per_pair * t * context / self.attn_flops_per_ms
             attn += window_attention_flops(llm, t, context, False) / self.attn_flops_per_ms
-        attn += self.kv_bytes_per_token * (n * mean_isl + batch * mean_context) / self.bytes_per_ms
+        if batch:
+            pairs = batch * mean_context
+            attn += self.attn_flops_per_pair_decode * pairs / self.attn_flops_per_ms
+        kv_tokens = n * mean_isl + batch * mean_context
+        attn += self.kv_bytes_read_per_token * kv_tokens / self.bytes_per_ms
+        attn += self.state_bytes_per_seq * (n + batch) / self.bytes_per_ms
         if llm.sliding_window is not None:
             window = window_kv_bytes(llm, mean_isl) * n + window_kv_bytes(llm, mean_context) * batch
             attn += window / self.bytes_per_ms
@@ -230,7 +246,7 @@ class CalibratedRoofline:
             return 0.0
         tokens = batch * self.decode_tokens_per_seq
         attn = self._attention_ms(0, 0, 0, 0, batch, mean_context)
-        fixed = self.f["o_d"] + _factor(self.f, "o_seq") * batch
+        fixed = self.f["o_d"] * self.llm.num_layers + _factor(self.f, "o_seq") * batch
         return _finite(self._gemm_ms(tokens) + attn + self._comm_ms(tokens) + fixed, "decode")
 
     def mixed_ms(

@@ -6,9 +6,9 @@ of the mocker (n sequences, integer means of prompt-so-far `isl` and cached/comp
 T = n (isl - prefix) new tokens, chunk c = T / n):
 
     prefill flops = 2 P_gemm T + 4 L H d T (prefix + c / 2)       (GEMMs + causal attention)
-    prefill bytes = W + kv_bytes_per_token x n x isl
+    prefill bytes = W + kv x n x isl
     decode flops  = n (2 P_gemm + 4 L H d ctx)                     (ctx = mean sequence length)
-    decode bytes  = W + kv_bytes_per_token x n x ctx
+    decode bytes  = W + kv x n x ctx       (kv: KV bytes the TP group reads per token)
     t_comp = flops / (tp x peak x compute_efficiency),  t_mem = bytes / (tp x HBM B/s x
     memory_efficiency),  t_comm = 2 L (tp - 1)/tp x tokens x hidden x 2 B / NVLink B/s
     t = max(t_comp, t_mem) + t_comm + overhead
@@ -18,7 +18,8 @@ part: its attention and KV, its copy of the dense weights, 1/dp of the experts t
 of all ranks touch, and each token's expert all-to-all (servesim.config.derived).
 
 In the attention terms L counts the full-attention layers; sliding-window layers add the same
-terms over at most their window, linear-attention layers none; an MLA model decodes with
+terms over at most their window, linear-attention layers none but their state (read and written
+back once per sequence and pass: 2 x `linear_state_bytes` bytes); an MLA model decodes with
 2 H (2 r + rope) in place of 4 H d (servesim.config.derived, docs/timing.md).
 
 With speculative decoding (k drafts) a decode step verifies k + 1 tokens per sequence: the
@@ -39,7 +40,8 @@ from servesim.config.derived import (
     active_params,
     all_to_all_bytes_per_token,
     attn_flops_per_pair,
-    kv_bytes_per_token,
+    kv_bytes_read_per_token,
+    linear_state_bytes,
     weight_bytes_read,
     window_attention_flops,
     window_kv_bytes,
@@ -78,7 +80,7 @@ class Roofline:
         # 2 matmuls (QK^T, PV) x 2 flops per MAC, over every layer's query heads
         self.attn_flops_per_pair = attn_flops_per_pair(llm)
         self.attn_flops_per_pair_decode = attn_flops_per_pair(llm, decode=True)
-        self.kv_bytes_per_token = kv_bytes_per_token(llm)
+        self.kv_bytes_read_per_token = kv_bytes_read_per_token(llm, tp_size)
         act_bytes = DTYPE_BYTES["bfloat16"]
         if tp_size > 1:
             per_token = 2 * llm.num_layers * (tp_size - 1) / tp_size * llm.hidden_size * act_bytes
@@ -102,8 +104,8 @@ class Roofline:
         context = mean_prefix + chunk / 2
         flops = self.gemm_flops_per_token * t + self.attn_flops_per_pair * t * context
         flops += window_attention_flops(llm, t, context, decode=False)
-        bytes_ = weight_bytes_read(llm, t, self.dp) + self.kv_bytes_per_token * n * mean_isl
-        bytes_ += window_kv_bytes(llm, mean_isl) * n
+        bytes_ = weight_bytes_read(llm, t, self.dp) + self.kv_bytes_read_per_token * n * mean_isl
+        bytes_ += (window_kv_bytes(llm, mean_isl) + 2 * linear_state_bytes(llm)) * n
         return self._part_ms(flops, bytes_, t, self.cfg.prefill_overhead_ms)
 
     def decode_ms(
@@ -116,7 +118,8 @@ class Roofline:
         per_token = self.gemm_flops_per_token + self.attn_flops_per_pair_decode * mean_context
         flops = tokens * per_token + window_attention_flops(llm, tokens, mean_context, decode=True)
         bytes_ = (
-            weight_bytes_read(llm, tokens, self.dp) + self.kv_bytes_per_token * batch * mean_context
+            weight_bytes_read(llm, tokens, self.dp)
+            + self.kv_bytes_read_per_token * batch * mean_context
         )
-        bytes_ += window_kv_bytes(llm, mean_context) * batch
+        bytes_ += (window_kv_bytes(llm, mean_context) + 2 * linear_state_bytes(llm)) * batch
         return self._part_ms(flops, bytes_, tokens, self.cfg.decode_overhead_ms)

@@ -113,7 +113,7 @@ def test_composed_config_reproduces_the_measured_load() -> None:
 def test_disagg_rows_run_their_pd_pools_over_infiniband() -> None:
     """A disagg row runs topology=disagg with its roles' workers, TP and DP; its clients are the
     source's silicon_concurrency, else the decode batch x decode ranks; a worker count the
-    row lacks is 1, said in the result's note."""
+    row lacks is sized by rate matching before the run, said in the result's note."""
     point = tiny_points()["tiny_8b_h100_bf16_disagg"]
     assert (point.prefill, point.decode) == (accuracy.Pool(1, 1, 1), accuracy.Pool(1, 1, 1))
     assert point.concurrency == 2 and point.assumption == ""
@@ -132,14 +132,22 @@ def test_disagg_rows_run_their_pd_pools_over_infiniband() -> None:
         decode_attention_dp_size=2,
     )
     wide = accuracy.map_row(row)
-    assert (wide.prefill, wide.decode) == (accuracy.Pool(1, 2, 1), accuracy.Pool(3, 4, 2))
+    assert (wide.prefill, wide.decode) == (accuracy.Pool(None, 2, 1), accuracy.Pool(3, 4, 2))
     assert (wide.concurrency, wide.batch_size, wide.tp, wide.dp) == (12, 2, 4, 2)
-    assert wide.assumption == "prefill_num_workers not in the row: 1 assumed"
-    cfg = accuracy.compose_point_config(wide)
+    sized = accuracy.size_pools(wide)
+    assert sized.decode == wide.decode and sized.prefill.workers >= 1
+    assert sized.assumption == (
+        f"not in the row, rate-matched: prefill_num_workers {sized.prefill.workers}"
+    )
+    assert accuracy.size_pools(sized) is sized  # a point with both counts is as it is
+    cfg = accuracy.compose_point_config(sized)
     assert cfg.link.bandwidth_gbps == 100.0  # 2 NICs: the prefill worker's 2 GPUs
     assert (cfg.topology.decode.tp_size, cfg.topology.decode.dp_size) == (4, 2)
     result = accuracy.run_point(point)
     assert result["status"] == "ok" and result["completed_requests"] == 20
+    result = accuracy.run_point(wide)  # sized, then run: the counts and the note in its row
+    assert result["status"] == "ok" and result["note"] == sized.assumption
+    assert (result["prefill_workers"], result["decode_workers"]) == (sized.prefill.workers, 3)
 
 
 def test_attention_dp_rows_run_dp_ranks_with_batch_size_per_rank() -> None:

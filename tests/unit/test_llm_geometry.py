@@ -12,6 +12,8 @@ from servesim.config.derived import (
     full_attention_layers,
     kv_bytes_per_token,
     kv_bytes_per_token_per_gpu,
+    kv_bytes_read_per_token,
+    linear_state_bytes,
     window_attention_flops,
     window_kv_bytes,
 )
@@ -190,3 +192,29 @@ def test_attention_dp_ranks_share_the_experts_and_each_keeps_the_dense_part():
     assert all_to_all_bytes_per_token(cfg.llm, 1, 8) == 61 * 2 * 8 * 7168 * 2 * 7 / 8
     assert all_to_all_bytes_per_token(cfg.llm, 8, 1) == 0  # experts under TP: the all-reduce
     assert all_to_all_bytes_per_token(compose(["llm=llama3_8b"]).llm, 1, 8) == 0  # dense
+
+
+def test_a_tp_group_reads_kv_every_gpu_holds_once_per_gpu():
+    """8 KV heads split over 4 GPUs: the group reads each token's KV once; over 16 GPUs each
+    head sits on 2 of them, so it is read twice; MLA's latent, on every GPU, 8 times at TP 8."""
+    gqa, mla = LlmConfig(**GQA), LlmConfig(**MLA)
+    assert kv_bytes_read_per_token(gqa, 4) == kv_bytes_per_token(gqa) == 32 * 2 * 8 * 128 * 2
+    assert kv_bytes_read_per_token(gqa, 16) == 2 * kv_bytes_per_token(gqa)
+    assert kv_bytes_read_per_token(mla, 8) == 8 * kv_bytes_per_token(mla) == 8 * 61 * 576 * 2
+
+
+def test_linear_attention_state_per_sequence():
+    """Qwen3.5-397B's 45 gated-DeltaNet layers, 64 x 128 x 128 float32 each: 180 MiB a
+    sequence; a state without linear-attention layers is an error."""
+    qwen35 = LlmConfig(
+        **dict(
+            GQA,
+            num_layers=60,
+            num_linear_attention_layers=45,
+            linear_state_elements_per_layer=64 * 128 * 128,
+        )
+    )
+    assert linear_state_bytes(qwen35) == 45 * 64 * 128 * 128 * 4 == 180 * 2**20
+    assert linear_state_bytes(LlmConfig(**GQA)) == 0
+    with pytest.raises(ValidationError, match="needs num_linear_attention_layers"):
+        LlmConfig(**dict(GQA, linear_state_elements_per_layer=10))
