@@ -9,7 +9,7 @@ W: weight bytes, L layers, H query heads, d head dim, h hidden size, kv: KV byte
                the T tokens touch in expectation)
     attention  prefill: 4 L H d T (prefix + chunk / 2) / (tp peak_bf16 e_a)
                         + kv n isl / (tp BW e_m)
-               decode:  4 L H d B ctx / (tp peak_bf16 e_a) + kv B ctx / (tp BW e_m)
+               decode:  max(4 L H d B ctx / (tp peak_bf16 e_c),  kv B ctx / (tp BW e_m))
                (kv: KV bytes the TP group reads per token, each GPU its own share, and all of
                it where every GPU holds it: MLA's latent, or fewer KV heads than GPUs; MLA
                decodes in its compressed form, 2 L H (2 r + rope) flops per pair)
@@ -179,6 +179,7 @@ class CalibratedRoofline:
         assert self.peak_tflops is not None
         self.gemm_flops_per_ms = tp * self.peak_tflops * 1e12 * f["e_c"] / 1e3
         self.attn_flops_per_ms = tp * hw.bf16_tflops * 1e12 * f["e_a"] / 1e3
+        self.decode_attn_flops_per_ms = tp * hw.bf16_tflops * 1e12 * f["e_c"] / 1e3
         self.bytes_per_ms = tp * hw.hbm_bandwidth_tbps * 1e12 * f["e_m"] / 1e3
         if tp > 1:
             ring = 2 * (tp - 1) / tp * llm.hidden_size * DTYPE_BYTES["bfloat16"]
@@ -219,20 +220,24 @@ class CalibratedRoofline:
     def _attention_ms(
         self, n: int, mean_isl: int, mean_prefix: int, t: int, batch: int, mean_context: int
     ) -> float:
-        """Attention of a pass: the prefill part's flops (n sequences, t new tokens), and
-        reading the KV of its sequences, and the decode part's flops (`batch` sequences of
-        `mean_context` tokens) and reading their KV."""
+        """Attention of a pass: the prefill part's flops (n sequences, t new tokens) and
+        reading the KV of its sequences; the decode part (`batch` sequences of `mean_context`
+        tokens) as the larger of its flops and its KV read."""
         llm = self.llm
         attn = 0.0
         if t:
             context = mean_prefix + t / n / 2
             attn = self.attn_flops_per_pair * t * context / self.attn_flops_per_ms
             attn += window_attention_flops(llm, t, context, False) / self.attn_flops_per_ms
+            attn += self.kv_bytes_read_per_token * n * mean_isl / self.bytes_per_ms
         if batch:
+            # a decode attention kernel is bound by its KV read or by its flops, which run as
+            # batched GEMMs (MLA's absorbed form: over the latent) at the GEMM efficiency
             pairs = batch * mean_context
-            attn += self.attn_flops_per_pair_decode * pairs / self.attn_flops_per_ms
-        kv_tokens = n * mean_isl + batch * mean_context
-        attn += self.kv_bytes_read_per_token * kv_tokens / self.bytes_per_ms
+            attn += max(
+                self.attn_flops_per_pair_decode * pairs / self.decode_attn_flops_per_ms,
+                self.kv_bytes_read_per_token * pairs / self.bytes_per_ms,
+            )
         attn += self.state_bytes_per_seq * (n + batch) / self.bytes_per_ms
         if llm.sliding_window is not None:
             window = window_kv_bytes(llm, mean_isl) * n + window_kv_bytes(llm, mean_context) * batch

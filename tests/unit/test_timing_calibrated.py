@@ -21,20 +21,24 @@ F = CALIBRATED_FACTORS
 
 def test_decode_is_weights_plus_kv_plus_overheads_on_one_gpu():
     """Llama-3.1-8B bf16 on one H100, batch 4 at context 1000: memory-bound GEMMs (16.06 GB at
-    0.8 x 3.35 TB/s), the attention's flops (4 L H d per pair at 0.25 x 989 TFLOP/s) and KV
-    read (131,072 B x 4,000 tokens), o_d x 32 layers + 4 o_seq, no all-reduce."""
+    0.8 x 3.35 TB/s), the attention bound by its KV read (131,072 B x 4,000 tokens; its flops,
+    4 L H d per pair at 0.5 x 989 TFLOP/s, take less), o_d x 32 layers + 4 o_seq, no
+    all-reduce."""
     m = CalibratedRoofline(LLAMA8B_CFG, H100_CFG, 1, factors=F)
     bw_per_ms = 3.35e12 * 0.8 / 1e3
     weights = 8.03e9 * 2 / bw_per_ms
-    attn = 4 * 32 * 32 * 128 * 4 * 1000 / (989e12 * 0.25 / 1e3)
+    attn = 4 * 32 * 32 * 128 * 4 * 1000 / (989e12 * 0.5 / 1e3)
     kv = 131_072 * 4 * 1000 / bw_per_ms
-    assert m.decode_ms(4, 0, 0, 1000) == pytest.approx(weights + attn + kv + 2.0 + 0.04)
+    assert attn < kv
+    assert m.decode_ms(4, 0, 0, 1000) == pytest.approx(weights + kv + 2.0 + 0.04)
 
 
 def test_mla_decode_reads_the_whole_latent_on_every_gpu():
     """DeepSeek-V3 at TP 8, batch 4 at context 1,000: each GPU holds and reads every token's
     576-wide latent in all 61 layers (not an eighth of it), and computes its 16 of the 128
-    heads in the compressed form (2 H (2 x 512 + 64) flops per pair and layer)."""
+    heads in the compressed form (2 H (2 x 512 + 64) flops per pair and layer, at the GEMM
+    efficiency): the read bounds the attention. On one GPU, with 64 sequences at 8,000 tokens,
+    the flops do."""
     import yaml
 
     from servesim.config.derived import kv_bytes_read_per_token, weight_bytes_read
@@ -47,11 +51,17 @@ def test_mla_decode_reads_the_whole_latent_on_every_gpu():
     bw_per_ms = 8 * 3.35e12 * 0.8 / 1e3
     gemm_flops = 2 * (37e9 - 129280 * 7168) * 4 / (8 * 989e12 * 0.5 / 1e3)
     gemm = max(gemm_flops, weight_bytes_read(llm, 4) / bw_per_ms)
-    attn = 61 * 2 * 128 * (2 * 512 + 64) * 4 * 1000 / (8 * 989e12 * 0.25 / 1e3)
+    attn = 61 * 2 * 128 * (2 * 512 + 64) * 4 * 1000 / (8 * 989e12 * 0.5 / 1e3)
     kv = 8 * 61 * 576 * 2 * 4 * 1000 / bw_per_ms  # = 61 x 576 x 2 B x 4,000 per GPU
     comm = 2 * 61 * (0.02 + 2 * 7 / 8 * 7168 * 2 * 4 / 900e6)
-    expected = gemm + attn + kv + comm + 0.0625 * 61
-    assert m.decode_ms(4, 0, 0, 1000) == pytest.approx(expected)
+    expected = gemm + max(attn, kv) + comm + 0.0625 * 61
+    assert attn < kv and m.decode_ms(4, 0, 0, 1000) == pytest.approx(expected)
+    one = CalibratedRoofline(llm, H100_CFG, 1, factors=f)
+    pairs = 64 * 8000
+    attn = 61 * 2 * 128 * (2 * 512 + 64) * pairs / (989e12 * 0.5 / 1e3)
+    kv = 61 * 576 * 2 * pairs / (3.35e12 * 0.8 / 1e3)
+    no_attention = one.decode_ms(64, 0, 0, 0)
+    assert attn > kv and one.decode_ms(64, 0, 0, 8000) - no_attention == pytest.approx(attn)
 
 
 def test_prefill_is_compute_bound_gemm_plus_attention_and_tp_all_reduce():
@@ -87,8 +97,8 @@ def test_a_mixed_pass_reads_the_weights_once():
     parts priced apart, which would read the weights twice."""
     m = CalibratedRoofline(LLAMA8B_CFG, H100_CFG, 1, factors=F)
     gemm = 2 * (8.03e9 - 128256 * 4096) * 2064 / (989e12 * 0.5 / 1e3)
-    attn = 4 * 32 * 32 * 128 * (2048 * 1024 + 16 * 1000) / (989e12 * 0.25 / 1e3)
-    kv = 131_072 * (2048 + 16 * 1000) / (3.35e12 * 0.8 / 1e3)
+    attn = 4 * 32 * 32 * 128 * 2048 * 1024 / (989e12 * 0.25 / 1e3)
+    kv = 131_072 * (2048 + 16 * 1000) / (3.35e12 * 0.8 / 1e3)  # (decode: the read bounds it)
     assert m.mixed_ms(1, 2048, 0, 16, 1000) == pytest.approx(gemm + attn + kv + 4.0 + 0.16)
     assert m.mixed_ms(1, 2048, 0, 16, 1000) < m.prefill_ms(1, 2048, 0) + m.decode_ms(16, 0, 0, 1000)
 
@@ -254,14 +264,14 @@ def test_an_attention_dp_rank_prices_its_share_of_the_experts_and_the_all_to_all
     gemm_flops_per_ms = H100_CFG.bf16_tflops * 1e9 * f["e_c"]
     flops = 2 * (llm.active_params_b * 1e9 - llm.vocab_size * llm.hidden_size) * batch
     kv = kv_bytes_per_token(llm) * batch * ctx / bw
-    attn = attn_flops_per_pair(llm, decode=True) * batch * ctx / (H100_CFG.bf16_tflops * 1e9 * 0.25)
+    attn = attn_flops_per_pair(llm, decode=True) * batch * ctx / (H100_CFG.bf16_tflops * 1e9 * 0.5)
     for model, dp in ((one, 1), (two, 2)):
         gemm = max(flops / gemm_flops_per_ms, weight_bytes_read(llm, batch, dp) / bw)
         a2a = all_to_all_bytes_per_token(llm, 1, dp) * batch
         comm = (2 * llm.num_layers * f["a_ar"] + a2a / (H100_CFG.nvlink_gbps * 1e6 * 0.5)) * (
             dp > 1
         )
-        expected = gemm + attn + kv + comm + f["o_d"] * llm.num_layers
+        expected = gemm + max(attn, kv) + comm + f["o_d"] * llm.num_layers
         assert model.decode_ms(batch, 0, 0, ctx) == pytest.approx(expected)
     assert weight_bytes_read(llm, batch, 2) < weight_bytes_read(llm, batch, 1)
 
