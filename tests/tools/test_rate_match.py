@@ -55,3 +55,21 @@ def test_only_a_disaggregated_config_is_sized() -> None:
         rate_match.rate_matched_workers(make_config(), 25, 100, 60)
     with pytest.raises(ValueError, match="must be positive"):
         rate_match.rate_matched_workers(pd_config(7.0), 0, 100, 60)
+
+
+def test_the_rule_against_rows_that_give_their_counts(capsys, tmp_path) -> None:
+    """The command compares each P/D row that gives both counts with what the rule picks for
+    it; a CSV with no such row exits 2."""
+    tiny = REPO / "tests" / "data" / "accuracy" / "silicon_tiny.csv"
+    df = rate_match.compare_counted(str(tiny))
+    assert df.id.tolist() == ["tiny_8b_h100_bf16_disagg"]
+    assert (df.prefill_given[0], df.decode_given[0]) == (1, 1)
+    assert df.prefill_matched[0] >= 1 and df.decode_matched[0] >= 1
+    assert rate_match.main(["--silicon", str(tiny)]) == 0
+    assert "of 1 rows" in capsys.readouterr().out
+    import pandas as pd
+
+    agg_only = tmp_path / "agg.csv"
+    rows = pd.read_csv(tiny)
+    rows[rows["mode"] == "agg"].to_csv(agg_only, index=False)
+    assert rate_match.main(["--silicon", str(agg_only)]) == 2
