@@ -267,6 +267,18 @@ link_strategy = st.fixed_dictionaries(
     }
 )
 
+# one 4-block pool of 2-token blocks, one sequence at a time: the P/D examples' engine
+TINY_ENGINE = {
+    "num_gpu_blocks": 4,
+    "block_size": 2,
+    "max_num_batched_tokens": 16,
+    "max_num_seqs": 1,
+    "enable_prefix_caching": True,
+    "enable_chunked_prefill": False,
+    "preemption_mode": "lifo",
+    "dp_size": 1,
+}
+
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
@@ -279,16 +291,7 @@ link_strategy = st.fixed_dictionaries(
 # an arrival at exactly the stop time: its prefill pass ends past the stop, so it is in flight
 @example(
     rows=[(0, 1, 0, 0), (65, 1, 0, 0), (235, 1, 0, 0)],
-    engine={
-        "num_gpu_blocks": 4,
-        "block_size": 2,
-        "max_num_batched_tokens": 16,
-        "max_num_seqs": 1,
-        "enable_prefix_caching": True,
-        "enable_chunked_prefill": False,
-        "preemption_mode": "lifo",
-        "dp_size": 1,
-    },
+    engine=TINY_ENGINE,
     topology={
         "kind": "disagg",
         "num_prefill_workers": 1,
@@ -328,16 +331,7 @@ link_strategy = st.fixed_dictionaries(
 # left `running` when the pass was formed, and is in flight until the pass end delivers it
 @example(
     rows=[(0, 1, 9, 0), (0, 1, 8, 0)],
-    engine={
-        "num_gpu_blocks": 4,
-        "block_size": 2,
-        "max_num_batched_tokens": 16,
-        "max_num_seqs": 1,
-        "enable_prefix_caching": True,
-        "enable_chunked_prefill": False,
-        "preemption_mode": "lifo",
-        "dp_size": 1,
-    },
+    engine=TINY_ENGINE,
     topology={
         "kind": "disagg",
         "num_prefill_workers": 1,
