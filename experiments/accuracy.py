@@ -4,13 +4,14 @@ the checkout), each point's load reproduced, and the mean absolute percentage er
 group.
 
     python experiments/accuracy.py --silicon CSV [--backend vllm] [--mode agg]
-        [--timing roofline] [--jobs N] [--limit N] [--seed S] [--override KEY=VALUE ...]
+        [--timing calibrated_roofline] [--jobs N] [--limit N] [--seed S] [--override KEY=VALUE ...]
         --out RESULT.csv [--markdown TABLE.md]
 
 For every row whose backend and mode match the flags (no flag: every value) it composes the
 run that reproduces the row (experiments/accuracy_points.py says how: model, GPU, engine,
 parallelism, P/D pools and the measured load) and runs `model.simulate`; rows it cannot
-reproduce are skipped with their reason.
+reproduce are skipped with their reason. `--timing` defaults to the shipped default,
+`calibrated_roofline`.
 
 Points run in a process pool (`--jobs`, default os.cpu_count()), the slowest-looking first;
 the results are sorted by id. RESULT.csv has one row per selected row: `status` ok, failed or
@@ -339,7 +340,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backend", help="only rows of this backend (vllm, sglang, trtllm)")
     ap.add_argument("--mode", help="only rows of this mode (agg, disagg)")
     ap.add_argument(
-        "--timing", default="roofline", choices=timing_options(), help="conf/timing option"
+        "--timing",
+        default="calibrated_roofline",
+        choices=timing_options(),
+        help="conf/timing option (default: the shipped default)",
     )
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel runs")
     ap.add_argument("--limit", type=int, help="run only the first N runnable rows (by id)")

@@ -16,10 +16,13 @@ runs it and compares:
   GPUs each, the experts spread over all of them (servesim.config.derived), and `batch_size`
   is per rank (the source's `silicon_concurrency` is batch_size x attention_dp_size);
 * disaggregated rows (`mode` disagg): `topology=disagg` with the row's prefill and decode
-  workers (a count the row lacks is sized by rate matching, experiments/rate_match.py, and
-  said in the result's note), each role's TP and attention DP,
-  and per (prefill, decode) pair an InfiniBand link of 50 GB/s per GPU of the smaller worker;
-  the clients are the source's `silicon_concurrency`, else `decode_batch_size` x decode ranks;
+  workers, each role's TP and attention DP, and per (prefill, decode) pair an InfiniBand link
+  of 50 GB/s per GPU of the smaller worker; the clients are the source's
+  `silicon_concurrency`, else `decode_batch_size` x decode ranks. A row that lacks its worker
+  counts runs the deployment published for it where one fits (experiments/
+  published_deployments.py: workers, attention DP, MTP drafts and decode batch limit of the
+  InferenceX configuration), else counts sized by rate matching (experiments/rate_match.py);
+  either is said in the result's note;
 * the measured load: a closed loop at `batch_size` (x DP ranks; disagg: the clients) requests
   in flight (`load=concurrency`), 10 x that many single-turn synthetic requests whose input
   and output lengths are drawn uniformly from 80-100 % of `isl` / `osl` (SGLang rows: exactly
@@ -44,7 +47,8 @@ from pathlib import Path
 from typing import Any, cast
 
 import pandas as pd
-from rate_match import rate_matched_workers  # (experiments/ is on the path: accuracy.py)
+from published_deployments import Deployment, published  # (experiments/ is on the path)
+from rate_match import rate_matched_workers
 
 from servesim import RunConfig, compose
 
@@ -184,6 +188,8 @@ class Point:
     prefill: Pool | None = None
     decode: Pool | None = None
     assumption: str = ""  # what the row does not say and the run assumes (in the result's note)
+    decode_drafts: int | None = None  # speculative tokens per decode step (a published MTP run)
+    decode_max_num_seqs: int | None = None  # the decode role's batch limit per rank, if published
 
 
 @dataclass(frozen=True)
@@ -273,6 +279,9 @@ def map_row(row: Mapping[str, Any]) -> Point | Skip:
         return Skip(rid, "incomplete row", f"no positive {', '.join(bad)}")
     prefill: Pool | None = None
     decode: Pool | None = None
+    deployment = published().get(rid) if pools is not None else None
+    if deployment is not None:
+        pools = _published_pools(deployment)
     if pools is not None:
         prefill, decode = pools
         concurrency = int(cast(float, values["concurrency"]))
@@ -303,6 +312,16 @@ def map_row(row: Mapping[str, Any]) -> Point | Skip:
         concurrency=concurrency,
         prefill=prefill,
         decode=decode,
+        assumption="" if deployment is None else f"not in the row, published: {deployment.source}",
+        decode_drafts=None if deployment is None else deployment.drafts,
+        decode_max_num_seqs=None if deployment is None else deployment.decode_max_batch,
+    )
+
+
+def _published_pools(d: Deployment) -> tuple[Pool, Pool]:
+    return (
+        Pool(workers=d.prefill.workers, tp=d.prefill.tp, dp=d.prefill.dp),
+        Pool(workers=d.decode.workers, tp=d.decode.tp, dp=d.decode.dp),
     )
 
 
@@ -437,6 +456,16 @@ def _topology(point: Point) -> list[str]:
         f"topology.decode.dp_size={d.dp}",
         "link=infiniband",
         f"link.bandwidth_gbps={INFINIBAND_GBPS_PER_GPU * nics:g}",
+        *(
+            []
+            if point.decode_drafts is None
+            else [f"++topology.decode.speculative.num_speculative_tokens={point.decode_drafts}"]
+        ),
+        *(
+            []
+            if point.decode_max_num_seqs is None
+            else [f"topology.decode.max_num_seqs={point.decode_max_num_seqs}"]
+        ),
     ]
 
 

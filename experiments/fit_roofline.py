@@ -56,13 +56,25 @@ from accuracy_points import (  # noqa: E402  (one set of maps)
     MODELS,
     PRECISIONS,
     SYSTEMS,
+    Point,
+    compose_point_config,
     kv_dtype_for,
+    map_row,
     plan,
+    read_silicon,
 )
 
-from servesim.config.derived import kv_bytes_per_token, weight_bytes
+from servesim.config.derived import kv_bytes_per_token, moe_layers, weight_bytes
 from servesim.config.schema import HardwareConfig, LlmConfig
-from servesim.timing.calibrated import FACTOR_KEYS, FACTORS_PATH, CalibratedRoofline, family_of
+from servesim.timing.calibrated import (  # noqa: E402
+    FACTOR_KEYS,
+    FACTORS_PATH,
+    MOE_FACTOR,
+    CalibratedRoofline,
+    family_of,
+    lookup,
+    weight_class,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 DENSE = [
@@ -238,6 +250,41 @@ def refine_group(
     return best_err
 
 
+MOE_MAX_CLIENTS = 4  # requests in flight per rank on the rows o_moe is fitted on
+
+
+def fit_moe(csv: Path, table: dict[str, Any]) -> dict[str, list[float]]:
+    """Choose `o_moe` (ms per MoE layer of a pass) of each group: on the aggregated rows of the
+    mixture-of-experts models (every backend, no attention DP) at most MOE_MAX_CLIENTS
+    requests in flight, where a decode step is mostly fixed cost, the median over the rows of
+    (measured TPOT - the estimate's TPOT without it) / the model's MoE layers, at least 0.
+    Rows go to the group whose factors they use (`lookup`: a dtype the table lacks uses the
+    family's other one). Sets the factor in `table`; returns each group's per-row values."""
+    gaps: dict[str, list[float]] = {}
+    df = read_silicon(csv)
+    for _, row in df[df["mode"] == "agg"].iterrows():
+        point = map_row(row)
+        if not isinstance(point, Point) or point.dp > 1 or point.batch_size > MOE_MAX_CLIENTS:
+            continue
+        cfg = compose_point_config(point, "calibrated_roofline")
+        layers = moe_layers(cfg.llm)
+        if not layers:
+            continue
+        hw = cfg.hardware
+        factors, source = lookup(table, family_of(hw), weight_class(cfg.llm, hw))
+        key = source.split(" ")[0]
+        if key not in table["groups"]:
+            continue  # no group of this family: the mean of the others, nothing to fit
+        m = CalibratedRoofline(cfg.llm, hw, point.tp, factors={**factors, MOE_FACTOR: 0.0})
+        _, tpot = estimate(m, point.batch_size, point.isl, point.osl)
+        gaps.setdefault(key, []).append((point.measured_tpot_ms - tpot) / layers)
+    for key, values in gaps.items():
+        group = table["groups"][key]
+        group["factors"][MOE_FACTOR] = round(max(0.0, float(np.median(values))), 6)
+        group["moe_rows"] = len(values)
+    return gaps
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--silicon", type=Path, required=True)
@@ -250,10 +297,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="then re-choose e_a, e_c and o_req per group with the simulator itself (minutes)",
     )
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument(
+        "--moe-only",
+        action="store_true",
+        help="keep the table at --out and only re-choose its o_moe (seconds)",
+    )
     args = ap.parse_args(argv)
     if not args.silicon.is_file():
         print(f"fit_roofline: {args.silicon} does not exist", file=sys.stderr)
         return 2
+    if args.moe_only:
+        table = json.loads(args.out.read_text())
+        _fit_moe_and_write(args.silicon, table, args.out)
+        return 0
     df = rows(args.silicon, args.backend, args.mode)
     df["group"] = [f"{family_of(model_for(r)[1])}/{_dtype_class(r)}" for r in df.itertuples()]
     groups: dict[str, Any] = {}
@@ -286,8 +342,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         for key, group in sorted(df.groupby("group")):
             ttft, tpot = refine_group(group, table, str(key), args.out, args.jobs)
             print(f"{key}: simulator MAPE TTFT {ttft:.1f}% TPOT {tpot:.1f}% after refinement")
-    print(f"wrote {args.out}")
+    _fit_moe_and_write(args.silicon, table, args.out)
     return 0
+
+
+def _fit_moe_and_write(csv: Path, table: dict[str, Any], out: Path) -> None:
+    table["fitted_on"]["o_moe"] = (
+        f"fit_moe: aggregated MoE rows of every backend of {csv.name}, at most "
+        f"{MOE_MAX_CLIENTS} clients per rank, no attention DP"
+    )
+    for key, values in sorted(fit_moe(csv, table).items()):
+        q25, q50, q75 = np.percentile(values, [25, 50, 75]) * 1000
+        print(
+            f"{key}: o_moe {table['groups'][key]['factors'][MOE_FACTOR] * 1000:.1f} us per MoE "
+            f"layer from {len(values)} rows (quartiles {q25:.1f} / {q50:.1f} / {q75:.1f} us)"
+        )
+    out.write_text(json.dumps(table, indent=1) + "\n")
+    print(f"wrote {out}")
 
 
 def _dtype_class(row: Any) -> str:

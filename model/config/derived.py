@@ -118,6 +118,11 @@ def active_params(llm: LlmConfig) -> float:
     return (llm.active_params_b or llm.num_params_b) * 1e9
 
 
+def moe_layers(llm: LlmConfig) -> int:
+    """Layers whose MLP is a mixture of experts (0 for a dense model)."""
+    return 0 if llm.num_experts is None else llm.num_layers - llm.num_dense_layers
+
+
 def _dense_and_expert_params_b(llm: LlmConfig) -> tuple[float, float]:
     """(parameters outside the routed experts, parameters of one routed expert), in billions;
     (all, 0) for a dense model."""

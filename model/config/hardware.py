@@ -38,6 +38,9 @@ class LlmConfig(Schema):
     active_params_b: PositiveFloat | None = Field(
         None, description="MoE: parameters one token's forward pass uses, in billions"
     )
+    num_dense_layers: int = Field(
+        0, ge=0, description="MoE: layers with a dense MLP instead of experts (DeepSeek's first 3)"
+    )
 
     # attention as the engines keep it: grouped-query (K and V of `num_kv_heads` heads per
     # layer) or multi-head latent (MLA: one compressed latent of `kv_lora_rank` plus a shared
@@ -87,6 +90,13 @@ class LlmConfig(Schema):
             raise ValueError(
                 "a mixture-of-experts llm needs num_experts, experts_per_token and "
                 "active_params_b together"
+            )
+        if self.num_experts is None and self.num_dense_layers:
+            raise ValueError("num_dense_layers is for a mixture-of-experts llm (num_experts)")
+        if self.num_dense_layers >= self.num_layers:
+            raise ValueError(
+                f"num_dense_layers ({self.num_dense_layers}) must leave at least one MoE layer "
+                f"of the {self.num_layers}"
             )
         if self.num_experts is not None:
             assert self.experts_per_token is not None and self.active_params_b is not None

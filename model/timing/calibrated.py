@@ -17,9 +17,11 @@ W: weight bytes, L layers, H query heads, d head dim, h hidden size, kv: KV byte
                state S, `linear_state_bytes`, read and written back once per pass)
     all-reduce 2 L (a_ar + 2 (tp - 1) / tp x tokens h 2 B / (NVLink B/s e_ar))  (tp > 1 only)
     all-to-all 2 L a_ar + tokens x a2a / (tp NVLink B/s e_ar)   (MoE, dp > 1 only)
-    part       t = t_gemm + t_attn + t_comm + o_p             (prefill)
-                 t = t_gemm + t_attn + t_comm + o_d L + o_seq B   (decode)
-    mixed      t = t_gemm(T + B) + both t_attn + t_comm(T + B) + o_p + o_seq B
+    MoE layers t_moe = o_moe L_moe   (every pass: routing, token permutation and the grouped
+               expert kernels of each of the L_moe MoE layers, a fixed cost per layer)
+    part       t = t_gemm + t_attn + t_comm + t_moe + o_p             (prefill)
+                 t = t_gemm + t_attn + t_comm + t_moe + o_d L + o_seq B   (decode)
+    mixed      t = t_gemm(T + B) + both t_attn + t_comm(T + B) + t_moe + o_p + o_seq B
                (a pass with both parts is priced as one: its weights are read once)
 
 With attention data parallelism (dp ranks per worker, each `tp` GPUs) a rank prices its own
@@ -36,9 +38,10 @@ weights' dtype (fp4, fp8, else bf16). The fitted factors, per (GPU family, weigh
 (all-reduce bandwidth efficiency: achieved / rated NVLink bytes per second; 1 if absent), `o_p`,
 `o_d` (fixed ms per prefill part / per layer of a decode part: a decode step's kernel
 launches and syncs, which grow with the layers), `o_seq` (ms per decoding sequence: sampling,
-detokenization, scheduling), `a_ar` (ms per all-reduce) and `o_req` (a request's
-frontend latency before the scheduler sees it: tokenization, API; the cluster applies it, and it
-counts in TTFT only); they live in
+detokenization, scheduling), `a_ar` (ms per all-reduce), `o_moe` (ms per MoE layer of a
+pass; fitted on the mixture-of-experts rows at few clients, the others on dense rows) and
+`o_req` (a request's frontend latency before the scheduler sees it: tokenization, API; the
+cluster applies it, and it counts in TTFT only); they live in
 `model/timing/roofline_factors.json`, written by `experiments/fit_roofline.py` from
 `silicon_dev.csv`. A combination the table lacks falls back to the family's other dtype, then
 to the mean over the table, and says so in `source` (never silently: it is in the summary
@@ -60,6 +63,7 @@ from servesim.config.derived import (
     attn_flops_per_pair,
     kv_bytes_read_per_token,
     linear_state_bytes,
+    moe_layers,
     rank_weight_bytes,
     weight_bytes_read,
     window_attention_flops,
@@ -72,7 +76,10 @@ FACTORS_PATH = Path(__file__).resolve().with_name("roofline_factors.json")
 FACTOR_KEYS = ("e_c", "e_m", "e_a", "e_ar", "o_p", "o_d", "o_seq", "a_ar", "o_req")
 # factors a table may lack (written before they existed), and the value that leaves the
 # formula as it was without them
-OPTIONAL_FACTORS = {"e_ar": 1.0, "o_seq": 0.0}
+OPTIONAL_FACTORS = {"e_ar": 1.0, "o_seq": 0.0, "o_moe": 0.0}
+# the factor fitted on mixture-of-experts rows (experiments/fit_roofline.py's last stage)
+MOE_FACTOR = "o_moe"
+ALL_FACTOR_KEYS = (*FACTOR_KEYS, MOE_FACTOR)
 # GPU families by hardware name prefix (a hardware config may set `family` itself)
 FAMILIES = {
     "h100": "hopper",
@@ -119,7 +126,8 @@ def lookup(table: dict[str, Any], family: str, dtype: str) -> tuple[dict[str, fl
         k = sorted(same_family)[0]
         return groups[k]["factors"], f"{k} (no {key} in the table)"
     mean = {
-        f: sum(_factor(g["factors"], f) for g in groups.values()) / len(groups) for f in FACTOR_KEYS
+        f: sum(_factor(g["factors"], f) for g in groups.values()) / len(groups)
+        for f in ALL_FACTOR_KEYS
     }
     return mean, f"mean of {sorted(groups)} (no {family} entries in the table)"
 
@@ -190,6 +198,8 @@ class CalibratedRoofline:
             self.comm_ms_per_token = 2 * llm.num_layers * ring / nvlink_bytes_per_ms
         else:
             self.comm_fixed_ms = self.comm_ms_per_token = 0.0
+        # the fixed cost of a pass's MoE layers (routing, permutation, grouped expert kernels)
+        self.moe_fixed_ms = _factor(f, MOE_FACTOR) * moe_layers(llm)
         a2a = all_to_all_bytes_per_token(llm, tp, self.dp)
         if a2a:  # experts shared by the worker's DP ranks: dispatch and combine per layer
             nvlink_bytes_per_ms = hw.nvlink_gbps * 1e9 / 1e3 * _factor(f, "e_ar")
@@ -215,7 +225,8 @@ class CalibratedRoofline:
         if t <= 0:
             return 0.0
         attn = self._attention_ms(n, mean_isl, mean_prefix, t, 0, 0)
-        return _finite(self._gemm_ms(t) + attn + self._comm_ms(t) + self.f["o_p"], "prefill")
+        fixed = self.f["o_p"] + self.moe_fixed_ms
+        return _finite(self._gemm_ms(t) + attn + self._comm_ms(t) + fixed, "prefill")
 
     def _attention_ms(
         self, n: int, mean_isl: int, mean_prefix: int, t: int, batch: int, mean_context: int
@@ -252,6 +263,7 @@ class CalibratedRoofline:
         tokens = batch * self.decode_tokens_per_seq
         attn = self._attention_ms(0, 0, 0, 0, batch, mean_context)
         fixed = self.f["o_d"] * self.llm.num_layers + _factor(self.f, "o_seq") * batch
+        fixed += self.moe_fixed_ms
         return _finite(self._gemm_ms(tokens) + attn + self._comm_ms(tokens) + fixed, "decode")
 
     def mixed_ms(
@@ -263,7 +275,7 @@ class CalibratedRoofline:
         t = new_tokens(n, mean_isl, mean_prefix)
         tokens = t + batch * self.decode_tokens_per_seq
         attn = self._attention_ms(n, mean_isl, mean_prefix, t, batch, mean_context)
-        fixed = self.f["o_p"] + _factor(self.f, "o_seq") * batch
+        fixed = self.f["o_p"] + _factor(self.f, "o_seq") * batch + self.moe_fixed_ms
         return _finite(self._gemm_ms(tokens) + attn + self._comm_ms(tokens) + fixed, "mixed")
 
 

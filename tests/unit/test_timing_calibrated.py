@@ -209,6 +209,38 @@ def test_moe_reads_the_dense_part_and_the_experts_its_tokens_touch():
     assert m.decode_ms(1, 0, 0, 1000) < dense_twin.decode_ms(1, 0, 0, 1000) / 3
 
 
+def test_each_moe_layer_adds_its_fixed_cost_to_every_pass():
+    """o_moe is ms per MoE layer of a pass: DeepSeek-V3's 61 layers, the first 3 dense, add
+    58 o_moe to a prefill, a decode and a mixed pass alike; a dense model adds nothing."""
+    import yaml
+
+    from servesim.config.derived import moe_layers
+    from servesim.config.schema import LlmConfig
+
+    llm = LlmConfig(**yaml.safe_load((REPO / "conf" / "llm" / "deepseek_v3.yaml").read_text()))
+    assert moe_layers(llm) == 58 and moe_layers(LLAMA8B_CFG) == 0
+    b200 = HardwareConfig(**yaml.safe_load((REPO / "conf" / "hardware" / "b200.yaml").read_text()))
+    without = CalibratedRoofline(llm, b200, 8, factors=F)
+    with_moe = CalibratedRoofline(llm, b200, 8, factors={**F, "o_moe": 0.05})
+    assert with_moe.prefill_ms(2, 1000, 0) - without.prefill_ms(2, 1000, 0) == pytest.approx(2.9)
+    assert with_moe.decode_ms(8, 0, 0, 900) - without.decode_ms(8, 0, 0, 900) == pytest.approx(2.9)
+    assert with_moe.mixed_ms(1, 1000, 0, 7, 900) - without.mixed_ms(
+        1, 1000, 0, 7, 900
+    ) == pytest.approx(2.9)
+    dense = CalibratedRoofline(LLAMA8B_CFG, H100_CFG, 1, factors={**F, "o_moe": 0.05})
+    assert dense.decode_ms(4, 0, 0, 1000) == pytest.approx(
+        CalibratedRoofline(LLAMA8B_CFG, H100_CFG, 1, factors=F).decode_ms(4, 0, 0, 1000)
+    )
+
+
+def test_dense_layers_are_for_moe_models_and_leave_a_moe_layer(config):
+    with pytest.raises(ConfigError, match="num_dense_layers is for a mixture-of-experts"):
+        config(llm={"num_dense_layers": 2})
+    moe = {"num_experts": 8, "experts_per_token": 2, "active_params_b": 2.0}
+    with pytest.raises(ConfigError, match="must leave at least one MoE layer"):
+        config(llm={**moe, "num_dense_layers": 32})
+
+
 def test_moe_fields_come_together(config):
     with pytest.raises(
         ConfigError, match="needs num_experts, experts_per_token and active_params_b"
