@@ -72,6 +72,7 @@ def load_rows(path: Path) -> pd.DataFrame:
     frame = frame[frame["mode"] == "disagg"]
     sources = frame["silicon_data_source"].map(parse_source)
     keep = sources.map(lambda s: {"silicon_concurrency", "measured", "image"} <= s.keys())
+    keep = keep.astype(bool)  # (an empty selection maps to an object Series, not a mask)
     frame, sources = frame[keep].copy(), sources[keep]
     for field in ("measured", "image"):
         frame[field] = sources.map(lambda s, f=field: s[f])
