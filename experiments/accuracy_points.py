@@ -20,8 +20,8 @@ runs it and compares:
   of 50 GB/s per GPU of the smaller worker; the clients are the source's
   `silicon_concurrency`, else `decode_batch_size` x decode ranks. A row that lacks its worker
   counts runs the deployment published for it where one fits (experiments/
-  published_deployments.py: workers, attention DP, MTP drafts and decode batch limit of the
-  InferenceX configuration), else counts sized by rate matching (experiments/rate_match.py);
+  published_deployments.py: workers, attention DP and MTP drafts of the InferenceX
+  configuration), else counts sized by rate matching (experiments/rate_match.py);
   either is said in the result's note;
 * the measured load: a closed loop at `batch_size` (x DP ranks; disagg: the clients) requests
   in flight (`load=concurrency`), 10 x that many single-turn synthetic requests whose input
@@ -189,7 +189,6 @@ class Point:
     decode: Pool | None = None
     assumption: str = ""  # what the row does not say and the run assumes (in the result's note)
     decode_drafts: int | None = None  # speculative tokens per decode step (a published MTP run)
-    decode_max_num_seqs: int | None = None  # the decode role's batch limit per rank, if published
 
 
 @dataclass(frozen=True)
@@ -314,7 +313,6 @@ def map_row(row: Mapping[str, Any]) -> Point | Skip:
         decode=decode,
         assumption="" if deployment is None else f"not in the row, published: {deployment.source}",
         decode_drafts=None if deployment is None else deployment.drafts,
-        decode_max_num_seqs=None if deployment is None else deployment.decode_max_batch,
     )
 
 
@@ -460,11 +458,6 @@ def _topology(point: Point) -> list[str]:
             []
             if point.decode_drafts is None
             else [f"++topology.decode.speculative.num_speculative_tokens={point.decode_drafts}"]
-        ),
-        *(
-            []
-            if point.decode_max_num_seqs is None
-            else [f"topology.decode.max_num_seqs={point.decode_max_num_seqs}"]
         ),
     ]
 

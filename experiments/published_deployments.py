@@ -11,8 +11,12 @@ This reads it for `accuracy_points`:
   TP, as for every row;
 * speculative decoding (`spec_decoding` mtp) on the decode role: the drafts per step from the
   TensorRT-LLM recipe's name (`..._mtp3_...`: 3); SGLang's recipes do not name it, so
-  SGLANG_MTP_DRAFTS; the acceptance rates are servesim's default (the mocker's);
-* the decode role's batch limit per rank where the TensorRT-LLM recipe names it (`_batch8_`).
+  SGLANG_MTP_DRAFTS; the acceptance rates are servesim's default (the mocker's).
+
+Not taken: the batch a TensorRT-LLM recipe names (`_batch8_`). As a cap on each decode rank's
+requests it contradicts the measurements: `ctx1_gen5_tep8_batch8` measured at 100 clients
+(40 decode slots) gives TTFT 3.1 s and TPOT 9.8 ms, where 60 clients waiting for a slot would
+add seconds to one or the other.
 
 Ambiguous rows (an MTP and a non-MTP run of the same shape measured side by side, or several
 worker layouts at one concurrency) are not in it as deployments: the harness rate-matches them.
@@ -45,7 +49,6 @@ class Deployment:
     prefill: Role
     decode: Role
     drafts: int | None  # speculative tokens per decode step; None: no speculative decoding
-    decode_max_batch: int | None  # requests per decode rank, where the recipe names it
     source: str  # what it comes from, for the result's note
 
 
@@ -59,22 +62,17 @@ def _role(row: pd.Series, role: str) -> Role:
     )
 
 
-def _number_in(recipe: str, pattern: str) -> int | None:
-    m = re.search(pattern, recipe)
-    return int(m.group(1)) if m else None
-
-
 def _deployment(row: pd.Series) -> Deployment:
     recipe = str(row["recipe"])
     trtllm = "-trt" in str(row["config_key"])
     drafts = None
     if row["spec_decoding"] == "mtp":
-        drafts = _number_in(recipe, r"_mtp(\d+)") if trtllm else SGLANG_MTP_DRAFTS
+        m = re.search(r"_mtp(\d+)", recipe)
+        drafts = (int(m.group(1)) if m else None) if trtllm else SGLANG_MTP_DRAFTS
     return Deployment(
         prefill=_role(row, "prefill"),
         decode=_role(row, "decode"),
         drafts=drafts or None,
-        decode_max_batch=_number_in(recipe, r"_batch(\d+)_") if trtllm else None,
         source=f"InferenceX {row['config_key']} @ {row['commit']} ({recipe})",
     )
 

@@ -30,33 +30,30 @@ ROWS = [
 ]
 
 
-def test_unique_rows_give_roles_drafts_and_batch(tmp_path: Path) -> None:
+def test_unique_rows_give_roles_and_drafts(tmp_path: Path) -> None:
     """A DEP role runs tp attention-DP ranks of one GPU, a TEP role one TP group; MTP drafts
-    and the decode batch per rank come from a TensorRT-LLM recipe's name (mtp0: none), an
-    SGLang MTP run takes SGLANG_MTP_DRAFTS; an ambiguous row has no deployment."""
+    come from a TensorRT-LLM recipe's name (mtp0: none), an SGLang MTP run takes
+    SGLANG_MTP_DRAFTS; an ambiguous row has no deployment."""
     table = tmp_path / "t.csv"
     table.write_text("\n".join([COLUMNS, *ROWS]) + "\n")
     d = pub.published(str(table))
     assert sorted(d) == ["sgl", "stp", "trt"]
     trt = d["trt"]
     assert (trt.prefill, trt.decode) == (pub.Role(2, 1, 8), pub.Role(5, 1, 8))
-    assert (trt.drafts, trt.decode_max_batch) == (3, 16)
+    assert trt.drafts == 3
     assert trt.source == (
         "InferenceX dsr1-fp8-b200-dynamo-trt @ abc (ctx2_gen5_dep8_batch16_eplb0_mtp3.yaml)"
     )
     sgl = d["sgl"]
     assert (sgl.prefill, sgl.decode) == (pub.Role(1, 4, 1), pub.Role(1, 8, 1))
-    assert (sgl.drafts, sgl.decode_max_batch) == (pub.SGLANG_MTP_DRAFTS, None)
-    assert (d["stp"].drafts, d["stp"].decode_max_batch, d["stp"].decode) == (
-        None,
-        32,
-        pub.Role(3, 8, 1),
-    )
+    assert sgl.drafts == pub.SGLANG_MTP_DRAFTS
+    assert (d["stp"].drafts, d["stp"].decode) == (None, pub.Role(3, 8, 1))
 
 
 def test_a_published_row_runs_its_deployment() -> None:
     """A silicon row whose id the shipped table names runs that deployment (not rate matching):
-    its pools, the decode role's drafts and batch limit, said in the result's note."""
+    its pools and the decode role's drafts, said in the result's note; the decode batch limit
+    stays the harness's (the recipe's `batch128` is not taken)."""
     rid = "2026_04_06_deepseek_r1_b200_sxm_trtllm_fp8_disagg_1024x1024_c896_tp8_ep8_1467"
     header = (REPO / "tests" / "data" / "accuracy" / "silicon_tiny.csv").read_text()
     row = dict.fromkeys(header.split("\n")[0].split(","), None)
@@ -68,11 +65,12 @@ def test_a_published_row_runs_its_deployment() -> None:
     )  # fmt: skip
     point = accuracy.map_row(pd.Series(row))
     assert (point.prefill, point.decode) == (accuracy.Pool(1, 1, 8), accuracy.Pool(7, 1, 8))
-    assert (point.decode_drafts, point.decode_max_num_seqs, point.batch_size) == (3, 128, 16)
+    assert (point.decode_drafts, point.batch_size) == (3, 16)
     assert point.assumption.startswith("not in the row, published: InferenceX dsr1-fp8-b200")
     assert accuracy.size_pools(point) is point
     cfg = accuracy.compose_point_config(point, "calibrated_roofline")
     decode = cfg.topology.decode
-    assert (decode.speculative.num_speculative_tokens, decode.max_num_seqs) == (3, 128)
+    assert (decode.speculative.num_speculative_tokens, decode.max_num_seqs) == (3, None)
+    assert cfg.engine.max_num_seqs == 256
     assert (cfg.topology.num_prefill_workers, cfg.topology.num_decode_workers) == (1, 7)
     assert cfg.topology.prefill.speculative is None
