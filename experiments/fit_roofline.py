@@ -66,7 +66,7 @@ from accuracy_points import (  # noqa: E402  (one set of maps)
 
 from servesim.config.derived import kv_bytes_per_token, moe_layers, weight_bytes
 from servesim.config.schema import HardwareConfig, LlmConfig
-from servesim.timing.calibrated import (  # noqa: E402
+from servesim.timing.calibrated import (
     FACTOR_KEYS,
     FACTORS_PATH,
     MOE_FACTOR,
