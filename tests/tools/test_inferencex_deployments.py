@@ -26,8 +26,12 @@ IMAGE = "nvcr.io/nvidia/ai-dynamo/tensorrtllm-runtime:0.8.1.post2"
 TEP8 = "num-worker: 1, tp: 8, ep: 8, dp-attn: false"
 DEP8 = "num-worker: 1, tp: 8, ep: 8, dp-attn: true"
 RECIPE = "additional-settings: ['CONFIG_FILE=recipes/trtllm/b200-fp8/1k1k"
-CONFIG = f"""\
-dsr1-fp8-b200-dynamo-trt:
+
+
+def config(key: str, search_space: str) -> str:
+    """A top-level disagg config of 1,024 / 1,024 tokens with these search-space lines."""
+    return f"""\
+{key}:
   image: {IMAGE}
   model-prefix: dsr1
   precision: fp8
@@ -36,7 +40,13 @@ dsr1-fp8-b200-dynamo-trt:
   seq-len-configs:
   - isl: 1024
     osl: 1024
-    search-space:
+    search-space:{search_space}
+"""
+
+
+CONFIG = config(
+    "dsr1-fp8-b200-dynamo-trt",
+    f"""
     - conc-list: [4]
       prefill: {{{TEP8}, {RECIPE}/stp/ctx1_genWORKERS_tep8.yaml']}}
       decode: {{num-worker: WORKERS, tp: 8, ep: 8, dp-attn: false}}
@@ -46,18 +56,11 @@ dsr1-fp8-b200-dynamo-trt:
       decode: {{num-worker: 1, tp: 8, ep: 1, dp-attn: false}}
     - conc-list: [64]
       prefill: {{{DEP8}, {RECIPE}/stp/ctx1_gen1_dep8.yaml']}}
-      decode: {{{DEP8}}}
-dsr1-fp8-gb200-dynamo-trt:  # gb200 is not b200
-  image: {IMAGE}
-  model-prefix: dsr1
-  precision: fp8
-  framework: dynamo-trt
-  disagg: true
-  seq-len-configs:
-  - isl: 1024
-    osl: 1024
-    search-space: [{{conc-list: [4], prefill: {{{TEP8}}}, decode: {{{TEP8}}}}}]
-"""
+      decode: {{{DEP8}}}""",
+) + config(  # gb200 is not b200
+    "dsr1-fp8-gb200-dynamo-trt",
+    f" [{{conc-list: [4], prefill: {{{TEP8}}}, decode: {{{TEP8}}}}}]",
+)
 COMMITS = {"2026-03-18T10:00:00Z": 1, "2026-03-18T20:00:00Z": 3}  # time -> decode workers
 
 
